@@ -1,0 +1,559 @@
+//! The OpenAI chat-completions dialect: reading a request, rewriting it per attempt, and
+//! rewriting responses on their way back.
+//!
+//! Pure transforms over bytes: no I/O, no knowledge of Pingora. The request is scanned once
+//! ([`ChatRequest::parse`]); each attempt gets the same bytes with the `model` value replaced
+//! by the deployment's upstream name and the `routing` member removed
+//! ([`ChatRequest::body_for`]). Responses get the caller's model name back in `model`
+//! ([`ResponseRewriter`]): a JSON body is held until complete (it is one write anyway), an
+//! SSE stream is rewritten event by event as it flows, never buffered beyond a partial line.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::Deserialize;
+
+use super::json::{self, JsonError};
+use crate::error::error_json;
+
+const WANT_MODEL: usize = 0;
+const WANT_STREAM: usize = 1;
+const WANT_ROUTING: usize = 2;
+const REQUEST_KEYS: &[&[u8]] = &[b"model", b"stream", b"routing"];
+
+/// Why a request body cannot be routed. Messages are signalbox's own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestBodyError {
+    NotJson,
+    TooDeep,
+    NotAnObject,
+    MissingModel,
+    ModelNotString,
+    StreamNotBool,
+    DuplicateKey(&'static str),
+    BadRouting(String),
+}
+
+impl RequestBodyError {
+    pub fn message(&self) -> Cow<'static, str> {
+        match self {
+            RequestBodyError::NotJson => "the request body is not valid JSON".into(),
+            RequestBodyError::TooDeep => "the request body nests too deeply".into(),
+            RequestBodyError::NotAnObject => "the request body must be a JSON object".into(),
+            RequestBodyError::MissingModel => "the request body has no `model`".into(),
+            RequestBodyError::ModelNotString => "`model` must be a string".into(),
+            RequestBodyError::StreamNotBool => "`stream` must be true or false".into(),
+            RequestBodyError::DuplicateKey(k) => format!("`{k}` appears more than once").into(),
+            RequestBodyError::BadRouting(why) => format!("`routing`: {why}").into(),
+        }
+    }
+}
+
+/// The per-request `routing` object: overrides for this request only.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingOverride {
+    #[serde(default)]
+    pub strategy: Option<String>,
+    #[serde(default)]
+    pub providers: Option<Vec<String>>,
+    #[serde(default)]
+    pub policy: Option<String>,
+}
+
+/// The largest `routing.providers` list accepted.
+pub const MAX_ROUTING_PROVIDERS: usize = 10;
+
+/// A chat-completions request body, scanned once.
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    body: Bytes,
+    /// The `model` value, quotes included.
+    model: Range<usize>,
+    pub stream: bool,
+    pub routing: Option<RoutingOverride>,
+    /// Bytes to delete to strip `routing`.
+    routing_removal: Option<Range<usize>>,
+}
+
+impl ChatRequest {
+    pub fn parse(body: Bytes) -> Result<Self, RequestBodyError> {
+        let scan = json::scan_object(&body, REQUEST_KEYS).map_err(|e| match e {
+            JsonError::Syntax(_) => RequestBodyError::NotJson,
+            JsonError::TooDeep => RequestBodyError::TooDeep,
+            JsonError::NotAnObject => RequestBodyError::NotAnObject,
+        })?;
+        // The upstream may read the last duplicate while we read the first: refuse them.
+        for (w, name) in [
+            (WANT_MODEL, "model"),
+            (WANT_STREAM, "stream"),
+            (WANT_ROUTING, "routing"),
+        ] {
+            if scan.found.iter().filter(|(k, _)| *k == w).count() > 1 {
+                return Err(RequestBodyError::DuplicateKey(name));
+            }
+        }
+        let model = scan.get(WANT_MODEL).ok_or(RequestBodyError::MissingModel)?;
+        if body.get(model.value.start) != Some(&b'"') {
+            return Err(RequestBodyError::ModelNotString);
+        }
+        json::decode_string(&body[model.value.clone()]).ok_or(RequestBodyError::ModelNotString)?;
+        let stream = match scan.get(WANT_STREAM).map(|m| &body[m.value.clone()]) {
+            None | Some(b"false" | b"null") => false,
+            Some(b"true") => true,
+            Some(_) => return Err(RequestBodyError::StreamNotBool),
+        };
+        let (routing, routing_removal) = match scan.get(WANT_ROUTING) {
+            None => (None, None),
+            Some(m) => {
+                let value = &body[m.value.clone()];
+                let routing = if value == b"null" {
+                    RoutingOverride::default()
+                } else {
+                    serde_json::from_slice::<RoutingOverride>(value)
+                        .map_err(|e| RequestBodyError::BadRouting(routing_error_text(&e)))?
+                };
+                if routing
+                    .providers
+                    .as_ref()
+                    .is_some_and(|p| p.len() > MAX_ROUTING_PROVIDERS || p.is_empty())
+                {
+                    return Err(RequestBodyError::BadRouting(format!(
+                        "providers must list 1 to {MAX_ROUTING_PROVIDERS} provider ids"
+                    )));
+                }
+                (Some(routing), Some(scan.removal_range(&m.span)))
+            }
+        };
+        Ok(Self {
+            model: model.value.clone(),
+            body,
+            stream,
+            routing,
+            routing_removal,
+        })
+    }
+
+    /// The model name the caller sent (decoded).
+    pub fn model_name(&self) -> Cow<'_, str> {
+        json::decode_string(&self.body[self.model.clone()]).unwrap_or(Cow::Borrowed(""))
+    }
+
+    /// The model value exactly as the caller wrote it, quotes included: spliced into responses.
+    pub fn model_literal(&self) -> Bytes {
+        self.body.slice(self.model.clone())
+    }
+
+    pub fn body_len(&self) -> usize {
+        self.body.len()
+    }
+
+    /// The body for one attempt: `model` set to `upstream_model_json` (a JSON string literal),
+    /// `routing` removed, every other byte as received.
+    pub fn body_for(&self, upstream_model_json: &[u8]) -> Bytes {
+        let literal = &self.body[self.model.clone()];
+        if literal == upstream_model_json && self.routing_removal.is_none() {
+            return self.body.clone();
+        }
+        let mut edits: [(Range<usize>, &[u8]); 2] = [
+            (self.model.clone(), upstream_model_json),
+            (self.routing_removal.clone().unwrap_or(0..0), b""),
+        ];
+        edits.sort_by_key(|(r, _)| r.start);
+        let mut out = BytesMut::with_capacity(self.body.len() + upstream_model_json.len());
+        let mut at = 0;
+        for (range, replacement) in &edits {
+            if range.is_empty() && replacement.is_empty() {
+                continue;
+            }
+            out.put_slice(&self.body[at..range.start]);
+            out.put_slice(replacement);
+            at = range.end;
+        }
+        out.put_slice(&self.body[at..]);
+        out.freeze()
+    }
+}
+
+fn routing_error_text(e: &serde_json::Error) -> String {
+    // serde's messages name fields and types, never request content beyond a key name.
+    let msg = e.to_string();
+    match msg.find(" at line") {
+        Some(i) => msg[..i].to_string(),
+        None => msg,
+    }
+}
+
+/// Token usage reported by the upstream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct Usage {
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub completion_tokens: u64,
+}
+
+/// What a response stream showed, for health and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamStats {
+    /// `data:` events carrying a JSON object.
+    pub data_events: u32,
+    pub done: bool,
+    /// The upstream sent its own `error` event.
+    pub upstream_error_event: bool,
+    pub usage: Option<Usage>,
+    /// A response (or chunk) had `"choices": []`.
+    pub empty_choices: bool,
+}
+
+/// How a response body is handled on its way to the client.
+#[derive(Debug)]
+pub enum ResponseRewriter {
+    /// Relay as is.
+    Passthrough,
+    /// A JSON body: held until complete, then `model` replaced.
+    Json { caller_model: Bytes, buf: BytesMut },
+    /// An SSE stream: `model` replaced in each `data:` event as it passes.
+    Sse {
+        caller_model: Bytes,
+        carry: BytesMut,
+    },
+    /// An upstream refusal relayed in signalbox's words: the upstream body is read (a bounded
+    /// prefix kept to recognise context-length errors) and replaced.
+    Replace { status: u16, sniff: BytesMut },
+}
+
+/// JSON bodies larger than this are relayed without the `model` rewrite.
+const MAX_JSON_REWRITE: usize = 16 << 20;
+/// Bytes of a refused upstream body kept to classify it.
+const SNIFF_BYTES: usize = 8 << 10;
+
+/// Events signalbox writes into a stream it must end abnormally.
+pub fn sse_error_event(message: &str, code: &str) -> Bytes {
+    let json = error_json(message, "server_error", code);
+    let mut out = BytesMut::with_capacity(json.len() + 8);
+    out.put_slice(b"data: ");
+    out.put_slice(&json);
+    out.put_slice(b"\n\n");
+    out.freeze()
+}
+
+impl ResponseRewriter {
+    /// Filter one body chunk in place. `stats` accumulates what the stream showed.
+    pub fn filter(&mut self, body: &mut Option<Bytes>, eos: bool, stats: &mut StreamStats) {
+        match self {
+            ResponseRewriter::Passthrough => {}
+            ResponseRewriter::Json { caller_model, buf } => {
+                if let Some(chunk) = body.take() {
+                    if buf.len() + chunk.len() > MAX_JSON_REWRITE {
+                        // Too large to hold: release what we have and stop rewriting.
+                        let mut all = std::mem::take(buf);
+                        all.put_slice(&chunk);
+                        *body = Some(all.freeze());
+                        *self = ResponseRewriter::Passthrough;
+                        return;
+                    }
+                    buf.put_slice(&chunk);
+                }
+                if eos {
+                    let whole = std::mem::take(buf).freeze();
+                    *body = Some(rewrite_json_object(&whole, caller_model, stats));
+                }
+            }
+            ResponseRewriter::Sse {
+                caller_model,
+                carry,
+            } => {
+                let chunk = body.take().unwrap_or_default();
+                let mut out = BytesMut::with_capacity(chunk.len() + carry.len() + 32);
+                let data: Cow<'_, [u8]> = if carry.is_empty() {
+                    Cow::Borrowed(&chunk)
+                } else {
+                    carry.put_slice(&chunk);
+                    Cow::Owned(std::mem::take(carry).to_vec())
+                };
+                let mut start = 0;
+                while let Some(nl) = memchr_newline(&data[start..]) {
+                    let line = &data[start..start + nl + 1];
+                    rewrite_sse_line(line, caller_model, stats, &mut out);
+                    start += nl + 1;
+                }
+                let rest = &data[start..];
+                if eos {
+                    // A final line without its newline: pass it through as it is.
+                    rewrite_sse_line(rest, caller_model, stats, &mut out);
+                } else {
+                    carry.put_slice(rest);
+                }
+                *body = if out.is_empty() && !eos {
+                    None
+                } else {
+                    Some(out.freeze())
+                };
+            }
+            ResponseRewriter::Replace { status, sniff } => {
+                if let Some(chunk) = body.take() {
+                    let room = SNIFF_BYTES.saturating_sub(sniff.len());
+                    sniff.put_slice(&chunk[..chunk.len().min(room)]);
+                }
+                if eos {
+                    *body = Some(refusal_body(*status, sniff));
+                }
+            }
+        }
+    }
+}
+
+/// The body for an upstream 4xx relayed to the caller.
+pub fn refusal_body(status: u16, upstream_body: &[u8]) -> Bytes {
+    let context = contains(upstream_body, b"context_length_exceeded")
+        || contains(upstream_body, b"maximum context length");
+    let (code, message) = if context {
+        (
+            "context_length_exceeded",
+            "the prompt is longer than the model's context window",
+        )
+    } else if status == 413 {
+        (
+            "request_too_large",
+            "the provider refused the request as too large",
+        )
+    } else {
+        (
+            "all_candidates_rejected",
+            "the provider rejected the request as invalid; check the request parameters",
+        )
+    };
+    error_json(message, "invalid_request_error", code)
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+fn memchr_newline(b: &[u8]) -> Option<usize> {
+    b.iter().position(|&c| c == b'\n')
+}
+
+const RESPONSE_KEYS: &[&[u8]] = &[b"model", b"usage", b"choices", b"error"];
+
+/// Replace the top-level `model` of a JSON object; unchanged if it is not one.
+fn rewrite_json_object(doc: &Bytes, caller_model: &[u8], stats: &mut StreamStats) -> Bytes {
+    let Ok(scan) = json::scan_object(doc, RESPONSE_KEYS) else {
+        return doc.clone();
+    };
+    note_stats(doc, &scan, stats);
+    match scan.get(0) {
+        Some(m) if doc.get(m.value.start) == Some(&b'"') => {
+            let mut out = BytesMut::with_capacity(doc.len() + caller_model.len());
+            out.put_slice(&doc[..m.value.start]);
+            out.put_slice(caller_model);
+            out.put_slice(&doc[m.value.end..]);
+            out.freeze()
+        }
+        _ => doc.clone(),
+    }
+}
+
+fn note_stats(doc: &[u8], scan: &json::Scan, stats: &mut StreamStats) {
+    if let Some(u) = scan.get(1) {
+        if let Ok(usage) = serde_json::from_slice::<Usage>(&doc[u.value.clone()]) {
+            stats.usage = Some(usage);
+        }
+    }
+    if let Some(c) = scan.get(2) {
+        let v = &doc[c.value.clone()];
+        if v.first() == Some(&b'[') && v[1..].iter().all(|b| b.is_ascii_whitespace() || *b == b']')
+        {
+            stats.empty_choices = true;
+        }
+    }
+    if scan.get(3).is_some() {
+        stats.upstream_error_event = true;
+    }
+}
+
+/// One SSE line (with its newline, if any) into `out`, `model` replaced in `data:` JSON.
+fn rewrite_sse_line(line: &[u8], caller_model: &[u8], stats: &mut StreamStats, out: &mut BytesMut) {
+    let Some(rest) = line.strip_prefix(b"data:") else {
+        out.put_slice(line);
+        return;
+    };
+    let payload_start = 5 + usize::from(rest.first() == Some(&b' '));
+    let mut payload_end = line.len();
+    while payload_end > payload_start && matches!(line[payload_end - 1], b'\n' | b'\r') {
+        payload_end -= 1;
+    }
+    let payload = &line[payload_start..payload_end];
+    if payload == b"[DONE]" {
+        stats.done = true;
+        out.put_slice(line);
+        return;
+    }
+    if payload.first() != Some(&b'{') {
+        out.put_slice(line);
+        return;
+    }
+    let Ok(scan) = json::scan_object(payload, RESPONSE_KEYS) else {
+        out.put_slice(line);
+        return;
+    };
+    stats.data_events += 1;
+    note_stats(payload, &scan, stats);
+    match scan.get(0) {
+        Some(m) if payload.get(m.value.start) == Some(&b'"') => {
+            let at = payload_start + m.value.start;
+            let end = payload_start + m.value.end;
+            out.put_slice(&line[..at]);
+            out.put_slice(caller_model);
+            out.put_slice(&line[end..]);
+        }
+        _ => out.put_slice(line),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(s: &str) -> Result<ChatRequest, RequestBodyError> {
+        ChatRequest::parse(Bytes::copy_from_slice(s.as_bytes()))
+    }
+
+    #[test]
+    fn reads_the_routing_fields() {
+        let r =
+            req(r#"{"model":"fast","stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
+                .expect("valid");
+        assert_eq!(r.model_name(), "fast");
+        assert!(r.stream);
+        assert_eq!(&r.model_literal()[..], b"\"fast\"");
+        assert!(r.routing.is_none());
+    }
+
+    #[test]
+    fn refuses_bad_bodies() {
+        assert_eq!(req("{").err(), Some(RequestBodyError::NotJson));
+        assert_eq!(req("[]").err(), Some(RequestBodyError::NotAnObject));
+        assert_eq!(
+            req(r#"{"messages":[]}"#).err(),
+            Some(RequestBodyError::MissingModel)
+        );
+        assert_eq!(
+            req(r#"{"model":5}"#).err(),
+            Some(RequestBodyError::ModelNotString)
+        );
+        assert_eq!(
+            req(r#"{"model":"a","stream":"yes"}"#).err(),
+            Some(RequestBodyError::StreamNotBool)
+        );
+        assert_eq!(
+            req(r#"{"model":"a","model":"b"}"#).err(),
+            Some(RequestBodyError::DuplicateKey("model"))
+        );
+        assert!(matches!(
+            req(r#"{"model":"a","routing":{"strategy":"x","colour":1}}"#).err(),
+            Some(RequestBodyError::BadRouting(m)) if m.contains("colour")
+        ));
+        let eleven: Vec<String> = (0..11).map(|i| format!("\"p{i}\"")).collect();
+        let body = format!(
+            r#"{{"model":"a","routing":{{"providers":[{}]}}}}"#,
+            eleven.join(",")
+        );
+        assert!(matches!(
+            req(&body).err(),
+            Some(RequestBodyError::BadRouting(_))
+        ));
+    }
+
+    #[test]
+    fn rewrites_model_and_strips_routing_byte_for_byte() {
+        let original = r#"{"model": "fast", "routing": {"providers": ["a"]}, "messages": [{"role":"user","content":"x\u00e9"}], "temperature": 0.5}"#;
+        let r = req(original).expect("valid");
+        assert_eq!(
+            r.routing.as_ref().and_then(|r| r.providers.clone()),
+            Some(vec!["a".to_string()])
+        );
+        let out = r.body_for(b"\"gpt-4o-mini\"");
+        let expected = r#"{"model": "gpt-4o-mini", "messages": [{"role":"user","content":"x\u00e9"}], "temperature": 0.5}"#;
+        assert_eq!(std::str::from_utf8(&out).expect("utf8"), expected);
+        // Same upstream name and no routing: the original bytes, not a copy.
+        let r = req(r#"{"model":"m","messages":[]}"#).expect("valid");
+        let out = r.body_for(b"\"m\"");
+        assert_eq!(out.as_ptr(), r.body.as_ptr());
+    }
+
+    #[test]
+    fn rewrites_json_responses() {
+        let mut rw = ResponseRewriter::Json {
+            caller_model: Bytes::from_static(b"\"fast\""),
+            buf: BytesMut::new(),
+        };
+        let mut stats = StreamStats::default();
+        let mut first = Some(Bytes::from_static(br#"{"id":"x","model":"gpt-4o-mi"#));
+        rw.filter(&mut first, false, &mut stats);
+        assert_eq!(first, None);
+        let mut rest = Some(Bytes::from_static(
+            br#"ni-2024","choices":[{"message":{"model":"inner"}}],"usage":{"prompt_tokens":3,"completion_tokens":4}}"#,
+        ));
+        rw.filter(&mut rest, true, &mut stats);
+        let out = rest.expect("body");
+        assert_eq!(
+            std::str::from_utf8(&out).expect("utf8"),
+            r#"{"id":"x","model":"fast","choices":[{"message":{"model":"inner"}}],"usage":{"prompt_tokens":3,"completion_tokens":4}}"#
+        );
+        assert_eq!(
+            stats.usage,
+            Some(Usage {
+                prompt_tokens: 3,
+                completion_tokens: 4
+            })
+        );
+    }
+
+    #[test]
+    fn rewrites_sse_across_chunk_boundaries() {
+        let mut rw = ResponseRewriter::Sse {
+            caller_model: Bytes::from_static(b"\"fast\""),
+            carry: BytesMut::new(),
+        };
+        let mut stats = StreamStats::default();
+        let mut out = Vec::new();
+        for (chunk, eos) in [
+            (&b"data: {\"model\":\"up\",\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"mo"[..], false),
+            (&b"del\":\"up\",\"choices\":[]}\n\n: keep-alive\n\n"[..], false),
+            (&b"data: [DONE]\n\n"[..], true),
+        ] {
+            let mut b = Some(Bytes::copy_from_slice(chunk));
+            rw.filter(&mut b, eos, &mut stats);
+            if let Some(b) = b {
+                out.extend_from_slice(&b);
+            }
+        }
+        assert_eq!(
+            std::str::from_utf8(&out).expect("utf8"),
+            "data: {\"model\":\"fast\",\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"model\":\"fast\",\"choices\":[]}\n\n: keep-alive\n\ndata: [DONE]\n\n"
+        );
+        assert_eq!(stats.data_events, 2);
+        assert!(stats.done && stats.empty_choices);
+    }
+
+    #[test]
+    fn refusals_are_rewritten() {
+        let mut rw = ResponseRewriter::Replace {
+            status: 400,
+            sniff: BytesMut::new(),
+        };
+        let mut stats = StreamStats::default();
+        let mut b = Some(Bytes::from_static(
+            br#"{"error":{"message":"This model's maximum context length is 8192 tokens; key sk-secret","code":"context_length_exceeded"}}"#,
+        ));
+        rw.filter(&mut b, true, &mut stats);
+        let out = b.expect("body");
+        let text = std::str::from_utf8(&out).expect("utf8");
+        assert!(text.contains("\"code\":\"context_length_exceeded\""));
+        assert!(!text.contains("sk-secret"));
+        assert!(refusal_body(400, b"nope").starts_with(b"{\"error\""));
+    }
+}

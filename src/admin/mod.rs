@@ -1,0 +1,67 @@
+//! The admin listener (loopback by default): `/metrics` in Prometheus text and `/healthz`
+//! for liveness. Separate from the proxy listener so scraping never competes with traffic
+//! routing rules and is never exposed where the proxy port is.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use http::Response;
+use pingora_core::apps::http_app::ServeHttp;
+use pingora_core::protocols::http::ServerSession;
+
+use crate::proxy::GatewayState;
+
+pub struct AdminApp {
+    state: Arc<GatewayState>,
+}
+
+impl AdminApp {
+    pub fn new(state: Arc<GatewayState>) -> Self {
+        Self { state }
+    }
+}
+
+fn response(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
+    let mut r = Response::new(body);
+    *r.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::OK);
+    if let Ok(v) = http::HeaderValue::from_str(content_type) {
+        r.headers_mut().insert(http::header::CONTENT_TYPE, v);
+    }
+    let len = r.body().len();
+    r.headers_mut()
+        .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
+    r
+}
+
+#[async_trait]
+impl ServeHttp for AdminApp {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let path = session.req_header().uri.path().to_string();
+        match path.as_str() {
+            "/metrics" => response(
+                200,
+                "text/plain; version=0.0.4",
+                self.state.metrics.render().into_bytes(),
+            ),
+            "/healthz" => {
+                let generation = self.state.tables.load().generation;
+                response(
+                    200,
+                    "application/json",
+                    format!("{{\"status\":\"ok\",\"config_generation\":{generation}}}")
+                        .into_bytes(),
+                )
+            }
+            _ => response(
+                404,
+                "application/json",
+                crate::error::error_json(
+                    "no such admin endpoint",
+                    "invalid_request_error",
+                    "not_found",
+                )
+                .to_vec(),
+            ),
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! Configuration: load a file, check it, and hand back a [`Config`] or every error found.
+//!
+//! Two layers (River's habit): [`schema`] mirrors the file and is all serde; [`validate`]
+//! turns it into checked values with resolved cross references. A config that fails here
+//! never reaches the rest of the program, so a bad file cannot replace a good one.
+
+pub mod schema;
+pub mod validate;
+
+use std::fmt;
+use std::path::Path;
+
+pub use validate::{
+    BaseUrl, Capabilities, ChainConfig, Config, CredentialConfig, DeploymentConfig, Failover,
+    KeySource, Limits, Listen, ModelConfig, Price, ProviderConfig, ProviderKind, Scheme,
+};
+
+/// One problem in a config file, with the key path it concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub path: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Every problem found in one config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Read and validate a config file. JSON files load too: JSON is YAML.
+pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigErrors(vec![ConfigError::new(
+            "",
+            format!("cannot read {}: {e}", path.display()),
+        )])
+    })?;
+    parse(&text)
+}
+
+/// Parse and validate config text.
+pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
+    let de = serde_yaml::Deserializer::from_str(text);
+    let file: schema::ConfigFile = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let path = if path == "." { String::new() } else { path };
+        let message = strip_yaml_path(&path, &e.into_inner().to_string());
+        ConfigErrors(vec![ConfigError::new(path, message)])
+    })?;
+    validate::validate(file)
+}
+
+/// serde_yaml prefixes its messages with its own (coarser) path; ours is already in front.
+fn strip_yaml_path(path: &str, message: &str) -> String {
+    match message.split_once(": ") {
+        Some((prefix, rest)) if !prefix.contains(' ') && path.starts_with(prefix) => {
+            rest.to_string()
+        }
+        _ => message.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+providers:
+  a: { kind: openai, base_url: "http://127.0.0.1:9001/v1" }
+models:
+  m: { deployments: [{ provider: a, model: up-m }] }
+"#;
+
+    fn errors(text: &str) -> Vec<String> {
+        match parse(text) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.0.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn minimal_config_loads_with_defaults() {
+        let c = parse(MINIMAL).expect("valid");
+        assert_eq!(c.listen.proxy, "0.0.0.0:8080");
+        assert_eq!(c.failover.max_attempts, 20);
+        assert_eq!(c.limits.max_request_body, 16 * 1024 * 1024);
+        assert_eq!(c.providers[0].credentials[0].id, "none");
+        assert_eq!(
+            c.models[0].deployments[0].priority,
+            validate::DEFAULT_PRIORITY
+        );
+    }
+
+    #[test]
+    fn json_loads_too() {
+        let json = r#"{"providers":{"a":{"kind":"openai","base_url":"http://127.0.0.1:1/v1"}},
+                      "models":{"m":{"deployments":[{"provider":"a","model":"x"}]}}}"#;
+        assert!(parse(json).is_ok());
+    }
+
+    #[test]
+    fn unknown_key_is_named_with_its_path() {
+        let text = MINIMAL.replace("kind: openai,", "kind: openai, colour: red,");
+        let e = errors(&text);
+        assert_eq!(e.len(), 1);
+        assert!(
+            e[0].starts_with("providers.a.colour: unknown field"),
+            "{e:?}"
+        );
+        assert!(e[0].contains("colour"), "{e:?}");
+    }
+
+    #[test]
+    fn bad_value_is_named_with_its_path() {
+        let text = format!("{MINIMAL}failover: {{ deadline: soon }}\n");
+        let e = errors(&text);
+        assert!(
+            e.iter().any(|e| e.starts_with("failover.deadline:")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn every_semantic_error_is_listed() {
+        let text = r#"
+providers:
+  a: { kind: openai, base_url: "gopher://x" }
+models:
+  m: { deployments: [{ provider: nope, model: "bad model" }] }
+aliases: { fast: missing }
+chains: { fast: [m], c: [m, ghost] }
+active_chain: other
+"#;
+        let e = errors(text);
+        for needle in [
+            "providers.a.base_url:",
+            "models.m.deployments[0].provider:",
+            "models.m.deployments[0].model:",
+            "aliases.fast:",
+            "chains.fast:",
+            "chains.c[1]:",
+            "active_chain:",
+        ] {
+            assert!(
+                e.iter().any(|l| l.starts_with(needle)),
+                "missing {needle} in {e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn names_are_case_insensitive_and_unique() {
+        let text = format!("{MINIMAL}aliases: {{ M: m }}\n");
+        let e = errors(&text);
+        assert!(e.iter().any(|l| l.starts_with("aliases.M:")), "{e:?}");
+    }
+
+    #[test]
+    fn chain_named_like_an_axis_is_refused() {
+        let text = format!("{MINIMAL}chains: {{ fastest: [m] }}\n");
+        assert!(errors(&text)
+            .iter()
+            .any(|l| l.starts_with("chains.fastest:")));
+    }
+
+    #[test]
+    fn pingora_section_is_strict() {
+        let text = format!("{MINIMAL}pingora: {{ threads: 2, thread: 3 }}\n");
+        let e = errors(&text);
+        assert!(
+            e.iter()
+                .any(|l| l.starts_with("pingora.thread: unknown field `thread`")),
+            "{e:?}"
+        );
+    }
+}

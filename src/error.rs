@@ -1,0 +1,160 @@
+//! Errors by phase: startup (before any socket is bound) and request (what a caller sees).
+//!
+//! A request error is always answered in the OpenAI shape
+//! `{"error":{"message","type","code"}}` in signalbox's own words: the message is a static
+//! sentence or one built from config names, never upstream text, a base URL or a key. The
+//! `code` strings are part of the contract (DESIGN §6) and double as metric-safe labels.
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+
+/// Failures that stop the gateway from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error("invalid configuration:\n{0}")]
+    Config(#[from] crate::config::ConfigErrors),
+    #[error("{0}")]
+    Catalog(#[from] crate::catalog::CatalogError),
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+/// The stable error codes of the caller contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    InvalidRequest,
+    ModelNotFound,
+    ChainEmpty,
+    NotFound,
+    MethodNotAllowed,
+    LengthRequired,
+    RequestTooLarge,
+    HeadersTooLarge,
+    NoProviderAvailable,
+    RateLimited,
+    ProviderNotConfigured,
+    ProviderCredentialRejected,
+    AllCandidatesRejected,
+    ContextLengthExceeded,
+    UpstreamModelNotFound,
+    UpstreamError,
+    UpstreamTimeout,
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidRequest => "invalid_request",
+            ErrorCode::ModelNotFound => "model_not_found",
+            ErrorCode::ChainEmpty => "chain_empty",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::LengthRequired => "length_required",
+            ErrorCode::RequestTooLarge => "request_too_large",
+            ErrorCode::HeadersTooLarge => "request_headers_too_large",
+            ErrorCode::NoProviderAvailable => "no_provider_available",
+            ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::ProviderNotConfigured => "provider_not_configured",
+            ErrorCode::ProviderCredentialRejected => "provider_credential_rejected",
+            ErrorCode::AllCandidatesRejected => "all_candidates_rejected",
+            ErrorCode::ContextLengthExceeded => "context_length_exceeded",
+            ErrorCode::UpstreamModelNotFound => "upstream_model_not_found",
+            ErrorCode::UpstreamError => "upstream_error",
+            ErrorCode::UpstreamTimeout => "upstream_timeout",
+            ErrorCode::Internal => "internal_error",
+        }
+    }
+
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorCode::InvalidRequest
+            | ErrorCode::ModelNotFound
+            | ErrorCode::ChainEmpty
+            | ErrorCode::AllCandidatesRejected
+            | ErrorCode::ContextLengthExceeded => 400,
+            ErrorCode::NotFound => 404,
+            ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::LengthRequired => 411,
+            ErrorCode::RequestTooLarge => 413,
+            ErrorCode::HeadersTooLarge => 431,
+            ErrorCode::RateLimited => 429,
+            ErrorCode::ProviderNotConfigured | ErrorCode::ProviderCredentialRejected => 424,
+            ErrorCode::UpstreamModelNotFound | ErrorCode::UpstreamError => 502,
+            ErrorCode::NoProviderAvailable => 503,
+            ErrorCode::UpstreamTimeout => 504,
+            ErrorCode::Internal => 500,
+        }
+    }
+
+    /// The OpenAI `type` field.
+    pub fn error_type(self) -> &'static str {
+        match self.status() {
+            429 => "rate_limit_error",
+            400..=499 => "invalid_request_error",
+            _ => "server_error",
+        }
+    }
+}
+
+/// An error answered to the caller by signalbox itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayError {
+    pub code: ErrorCode,
+    pub status: u16,
+    pub message: Cow<'static, str>,
+    /// Seconds for a `Retry-After` header.
+    pub retry_after: Option<u64>,
+}
+
+impl GatewayError {
+    pub fn new(code: ErrorCode, message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            code,
+            status: code.status(),
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// Keep the code but answer with another status (an upstream 4xx relayed as such).
+    pub fn with_status(mut self, status: u16) -> Self {
+        self.status = status;
+        self
+    }
+
+    pub fn with_retry_after(mut self, secs: Option<u64>) -> Self {
+        self.retry_after = secs;
+        self
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> Bytes {
+        error_json(&self.message, self.code.error_type(), self.code.as_str())
+    }
+}
+
+/// `{"error":{"message":…,"type":…,"code":…}}`.
+pub fn error_json(message: &str, error_type: &str, code: &str) -> Bytes {
+    let v = serde_json::json!({
+        "error": { "message": message, "type": error_type, "code": code }
+    });
+    Bytes::from(v.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shape() {
+        let e = GatewayError::new(ErrorCode::ChainEmpty, "chain \"x\" lists no usable model");
+        let v: serde_json::Value = serde_json::from_slice(&e.body()).expect("json");
+        assert_eq!(v["error"]["code"], "chain_empty");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(e.status, 400);
+        assert_eq!(ErrorCode::NoProviderAvailable.status(), 503);
+        assert_eq!(ErrorCode::UpstreamTimeout.error_type(), "server_error");
+    }
+}

@@ -1,0 +1,443 @@
+//! Every Prometheus metric signalbox exports, and the label values they may carry.
+//!
+//! Labels are bounded by construction: routes and providers come from the config, outcomes
+//! and reasons are `&'static str` enums below. No label ever holds a raw client string, an
+//! upstream message, a base URL or a key.
+//!
+//! The request path never takes a lock to count. `prometheus`' labelled vectors look children
+//! up under a lock, so the multi-label counters here are [`DenseCounters`]: one `AtomicU64`
+//! per label combination, indexed by the dense indices the routing tables already carry, and
+//! exported by a custom collector at scrape time. Histograms are resolved per provider once,
+//! when a routing snapshot is built ([`ProviderMetrics`]), and observed lock-free.
+//!
+//! Metrics (all prefixed `signalbox_`):
+//! - `requests_total{route, provider, status_class}`: requests answered; provider `none` when
+//!   no upstream served the answer.
+//! - `attempts_total{provider, outcome}`: upstream calls and how each ended ([`Outcome`]).
+//! - `failovers_total{provider, reason}`: moves to the next candidate, by the failed provider.
+//! - `upstream_latency_seconds{provider}` / `upstream_ttfb_seconds{provider}`: per attempt that
+//!   produced a response header; latency runs to the end of the response body.
+//! - `requests_in_flight`: requests being handled.
+//! - `config_generation`: the routing snapshot generation serving traffic.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{Counter, LabelPair, Metric, MetricFamily, MetricType};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntGauge, Registry};
+
+/// How one upstream call ended. The label values of `attempts_total{outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// A 2xx response header arrived and the response was relayed.
+    Ok,
+    /// A 4xx the caller caused (not a failover trigger); relayed in signalbox's words.
+    ClientError,
+    /// 429 from the upstream.
+    RateLimited,
+    /// 401/402/403: the credential was refused.
+    CredentialRejected,
+    /// 404: the upstream does not know the model.
+    ModelNotFound,
+    /// 5xx, 529 and 408.
+    ServerError,
+    /// A status signalbox does not relay (1xx leftovers, 3xx).
+    UnexpectedStatus,
+    ConnectRefused,
+    ConnectTimeout,
+    TlsError,
+    /// Reset or closed before the response header.
+    Reset,
+    /// No response header within the TTFB timeout.
+    Timeout,
+    /// The response broke after bytes reached the client.
+    StreamBroken,
+    /// The client went away.
+    Cancelled,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 14] = [
+        Outcome::Ok,
+        Outcome::ClientError,
+        Outcome::RateLimited,
+        Outcome::CredentialRejected,
+        Outcome::ModelNotFound,
+        Outcome::ServerError,
+        Outcome::UnexpectedStatus,
+        Outcome::ConnectRefused,
+        Outcome::ConnectTimeout,
+        Outcome::TlsError,
+        Outcome::Reset,
+        Outcome::Timeout,
+        Outcome::StreamBroken,
+        Outcome::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::ClientError => "client_error",
+            Outcome::RateLimited => "rate_limited",
+            Outcome::CredentialRejected => "credential_rejected",
+            Outcome::ModelNotFound => "model_not_found",
+            Outcome::ServerError => "server_error",
+            Outcome::UnexpectedStatus => "unexpected_status",
+            Outcome::ConnectRefused => "connect_refused",
+            Outcome::ConnectTimeout => "connect_timeout",
+            Outcome::TlsError => "tls_error",
+            Outcome::Reset => "reset",
+            Outcome::Timeout => "timeout",
+            Outcome::StreamBroken => "stream_broken",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Status classes of `requests_total{status_class}`; `none` when no response was written.
+pub const STATUS_CLASSES: [&str; 6] = ["none", "1xx", "2xx", "3xx", "4xx", "5xx"];
+
+pub fn status_class_index(status: Option<u16>) -> usize {
+    match status {
+        Some(s @ 100..=599) => usize::from(s / 100),
+        _ => 0,
+    }
+}
+
+/// Label values of one dimension of a [`DenseCounters`] table.
+pub type LabelValues = Arc<[Arc<str>]>;
+
+/// A fixed-shape table of counters: one atomic per combination of label values.
+#[derive(Debug)]
+pub struct DenseTable {
+    dims: Vec<LabelValues>,
+    values: Vec<AtomicU64>,
+}
+
+impl DenseTable {
+    fn new(dims: Vec<LabelValues>) -> Self {
+        let size = dims.iter().map(|d| d.len()).product();
+        Self {
+            dims,
+            values: (0..size).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn offset(&self, idx: &[usize]) -> Option<usize> {
+        let mut off = 0;
+        for (d, &i) in self.dims.iter().zip(idx) {
+            if i >= d.len() {
+                return None;
+            }
+            off = off * d.len() + i;
+        }
+        Some(off)
+    }
+
+    /// Add one. Out-of-range indices are ignored (they cannot happen with indices from the
+    /// same snapshot; ignoring beats panicking on the request path).
+    #[inline]
+    pub fn inc(&self, idx: &[usize]) {
+        if let Some(off) = self.offset(idx) {
+            self.values[off].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn get(&self, idx: &[usize]) -> u64 {
+        self.offset(idx)
+            .map_or(0, |off| self.values[off].load(Ordering::Relaxed))
+    }
+
+    fn labels_of(&self, mut off: usize) -> Vec<&str> {
+        let mut out = vec![""; self.dims.len()];
+        for (slot, d) in out.iter_mut().zip(self.dims.iter()).rev() {
+            *slot = &d[off % d.len()];
+            off /= d.len();
+        }
+        out
+    }
+}
+
+/// A counter family backed by a [`DenseTable`], replaceable when the routing snapshot's
+/// label sets change (values carry over by label values).
+pub struct DenseCounters {
+    desc: Desc,
+    label_names: Vec<&'static str>,
+    table: ArcSwap<DenseTable>,
+}
+
+impl DenseCounters {
+    fn new(name: &str, help: &str, label_names: &[&'static str]) -> prometheus::Result<Self> {
+        let desc = Desc::new(
+            name.to_string(),
+            help.to_string(),
+            label_names.iter().map(ToString::to_string).collect(),
+            Default::default(),
+        )?;
+        let dims = label_names
+            .iter()
+            .map(|_| LabelValues::from(Vec::<Arc<str>>::new()))
+            .collect();
+        Ok(Self {
+            desc,
+            label_names: label_names.to_vec(),
+            table: ArcSwap::from_pointee(DenseTable::new(dims)),
+        })
+    }
+
+    /// Install a table with new label values, carrying counts over by label values.
+    pub fn rebind(&self, dims: Vec<LabelValues>) -> Arc<DenseTable> {
+        let new = DenseTable::new(dims);
+        let old = self.table.load();
+        for (off, v) in old.values.iter().enumerate() {
+            let n = v.load(Ordering::Relaxed);
+            if n == 0 {
+                continue;
+            }
+            let labels = old.labels_of(off);
+            let idx: Option<Vec<usize>> = new
+                .dims
+                .iter()
+                .zip(&labels)
+                .map(|(d, l)| d.iter().position(|x| &**x == *l))
+                .collect();
+            if let Some(off) = idx.and_then(|idx| new.offset(&idx)) {
+                new.values[off].store(n, Ordering::Relaxed);
+            }
+        }
+        let new = Arc::new(new);
+        self.table.store(new.clone());
+        new
+    }
+}
+
+impl Collector for DenseCounters {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.desc]
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let table = self.table.load();
+        let mut mf = MetricFamily::default();
+        mf.set_name(self.desc.fq_name.clone());
+        mf.set_help(self.desc.help.clone());
+        mf.set_field_type(MetricType::COUNTER);
+        let mut metrics = Vec::new();
+        for (off, v) in table.values.iter().enumerate() {
+            let n = v.load(Ordering::Relaxed);
+            if n == 0 {
+                continue;
+            }
+            let mut m = Metric::default();
+            let labels = table.labels_of(off);
+            let pairs = self
+                .label_names
+                .iter()
+                .zip(labels)
+                .map(|(name, value)| {
+                    let mut lp = LabelPair::default();
+                    lp.set_name((*name).to_string());
+                    lp.set_value(value.to_string());
+                    lp
+                })
+                .collect::<Vec<_>>();
+            m.set_label(pairs);
+            let mut c = Counter::default();
+            #[allow(clippy::cast_precision_loss)]
+            c.set_value(n as f64);
+            m.set_counter(c);
+            metrics.push(m);
+        }
+        mf.set_metric(metrics);
+        vec![mf]
+    }
+}
+
+/// Histograms of one provider, resolved once per snapshot.
+#[derive(Debug, Clone)]
+pub struct ProviderMetrics {
+    pub latency: Histogram,
+    pub ttfb: Histogram,
+}
+
+/// Per-snapshot handles: what the request path touches.
+#[derive(Debug, Clone)]
+pub struct BoundMetrics {
+    /// `[route, provider, status_class]`; provider index `providers.len()` is `none`.
+    pub requests: Arc<DenseTable>,
+    /// `[provider, outcome]`.
+    pub attempts: Arc<DenseTable>,
+    /// `[provider, reason]` where reason is an [`Outcome`].
+    pub failovers: Arc<DenseTable>,
+    pub providers: Vec<ProviderMetrics>,
+}
+
+/// The metric families, registered once per process.
+pub struct Metrics {
+    registry: Registry,
+    requests: Arc<DenseCounters>,
+    attempts: Arc<DenseCounters>,
+    failovers: Arc<DenseCounters>,
+    latency: HistogramVec,
+    ttfb: HistogramVec,
+    pub in_flight: IntGauge,
+    pub config_generation: IntGauge,
+}
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+impl Metrics {
+    pub fn new() -> prometheus::Result<Self> {
+        let registry = Registry::new();
+        let requests = Arc::new(DenseCounters::new(
+            "signalbox_requests_total",
+            "Requests answered, by route, serving provider and status class.",
+            &["route", "provider", "status_class"],
+        )?);
+        let attempts = Arc::new(DenseCounters::new(
+            "signalbox_attempts_total",
+            "Upstream calls, by provider and outcome.",
+            &["provider", "outcome"],
+        )?);
+        let failovers = Arc::new(DenseCounters::new(
+            "signalbox_failovers_total",
+            "Moves to the next candidate, by the provider that failed and why.",
+            &["provider", "reason"],
+        )?);
+        let latency = HistogramVec::new(
+            HistogramOpts::new(
+                "signalbox_upstream_latency_seconds",
+                "Upstream call duration, from sending the request to the end of the response.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["provider"],
+        )?;
+        let ttfb = HistogramVec::new(
+            HistogramOpts::new(
+                "signalbox_upstream_ttfb_seconds",
+                "Time from sending the request upstream to the response header.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["provider"],
+        )?;
+        let in_flight = IntGauge::new(
+            "signalbox_requests_in_flight",
+            "Requests being handled right now.",
+        )?;
+        let config_generation = IntGauge::new(
+            "signalbox_config_generation",
+            "Generation of the routing snapshot serving traffic.",
+        )?;
+        registry.register(Box::new(ArcCollector(requests.clone())))?;
+        registry.register(Box::new(ArcCollector(attempts.clone())))?;
+        registry.register(Box::new(ArcCollector(failovers.clone())))?;
+        registry.register(Box::new(latency.clone()))?;
+        registry.register(Box::new(ttfb.clone()))?;
+        registry.register(Box::new(in_flight.clone()))?;
+        registry.register(Box::new(config_generation.clone()))?;
+        Ok(Self {
+            registry,
+            requests,
+            attempts,
+            failovers,
+            latency,
+            ttfb,
+            in_flight,
+            config_generation,
+        })
+    }
+
+    /// Resolve handles for a snapshot's routes and providers.
+    pub fn bind(&self, routes: &[Arc<str>], providers: &[Arc<str>]) -> BoundMetrics {
+        let provider_values: LabelValues = providers.iter().cloned().collect();
+        let mut with_none: Vec<Arc<str>> = providers.to_vec();
+        with_none.push(Arc::from("none"));
+        let with_none: LabelValues = with_none.into();
+        let classes: LabelValues = STATUS_CLASSES.iter().map(|s| Arc::from(*s)).collect();
+        let outcomes: LabelValues = Outcome::ALL.iter().map(|o| Arc::from(o.as_str())).collect();
+        let routes: LabelValues = routes.iter().cloned().collect();
+        BoundMetrics {
+            requests: self.requests.rebind(vec![routes, with_none, classes]),
+            attempts: self
+                .attempts
+                .rebind(vec![provider_values.clone(), outcomes.clone()]),
+            failovers: self.failovers.rebind(vec![provider_values, outcomes]),
+            providers: providers
+                .iter()
+                .map(|p| ProviderMetrics {
+                    latency: self.latency.with_label_values(&[&**p]),
+                    ttfb: self.ttfb.with_label_values(&[&**p]),
+                })
+                .collect(),
+        }
+    }
+
+    /// The Prometheus text exposition of every family.
+    pub fn render(&self) -> String {
+        let families = self.registry.gather();
+        let mut out = String::new();
+        if let Err(e) = prometheus::TextEncoder::new().encode_utf8(&families, &mut out) {
+            tracing::warn!(error = %e, "metrics encoding failed");
+        }
+        out
+    }
+}
+
+/// `Registry::register` wants an owned collector; ours are shared with the request path.
+struct ArcCollector(Arc<DenseCounters>);
+
+impl Collector for ArcCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.0.desc()
+    }
+    fn collect(&self) -> Vec<MetricFamily> {
+        self.0.collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(v: &[&str]) -> Vec<Arc<str>> {
+        v.iter().map(|s| Arc::from(*s)).collect()
+    }
+
+    #[test]
+    fn dense_counters_render_and_carry_over() {
+        let m = Metrics::new().expect("metrics");
+        let b = m.bind(&labels(&["model:m", "chain:c"]), &labels(&["a", "b"]));
+        b.requests.inc(&[1, 0, 2]);
+        b.requests.inc(&[1, 0, 2]);
+        b.attempts.inc(&[1, Outcome::ServerError.index()]);
+        let text = m.render();
+        assert!(
+            text.contains(
+                r#"signalbox_requests_total{route="chain:c",provider="a",status_class="2xx"} 2"#
+            ),
+            "{text}"
+        );
+        assert!(text.contains(r#"signalbox_attempts_total{provider="b",outcome="server_error"} 1"#));
+        // A new snapshot with another provider order keeps the counts.
+        let b2 = m.bind(&labels(&["chain:c"]), &labels(&["b", "a"]));
+        assert_eq!(b2.requests.get(&[0, 1, 2]), 2);
+        assert_eq!(b2.attempts.get(&[0, Outcome::ServerError.index()]), 1);
+        // Out-of-range indices are ignored, not a panic.
+        b2.requests.inc(&[9, 9, 9]);
+    }
+
+    #[test]
+    fn status_classes() {
+        assert_eq!(STATUS_CLASSES[status_class_index(Some(503))], "5xx");
+        assert_eq!(STATUS_CLASSES[status_class_index(Some(200))], "2xx");
+        assert_eq!(STATUS_CLASSES[status_class_index(None)], "none");
+    }
+}

@@ -1,0 +1,97 @@
+//! Reading the whole request body in `request_filter` so that Pingora still forwards it, on
+//! every attempt, whatever its size (PINGORA_NOTES.md, "the tail technique").
+//!
+//! Stock Pingora forwards a body consumed in `request_filter` only through its 64 KiB retry
+//! buffer, which it hands to `request_body_filter(Some(buf), eos = true)` at the start of
+//! every attempt. Reads are capped at 64 KiB, so if buffering is switched on just before the
+//! read after which at most 64 KiB remain, the buffer ends holding exactly the final,
+//! non-empty tail: Pingora then calls the body filter once per attempt, and the gateway swaps
+//! the tail for the whole rewritten body it holds.
+//!
+//! Guards: a `Content-Length` over the limit is refused before reading (413); a chunked body
+//! is buffered from the first read and refused past 64 KiB (411: its length is unknown until
+//! the end, so the tail cannot be placed); a body that arrived in one read larger than 64 KiB
+//! (only possible right behind very large headers) leaves no buffer and is refused rather
+//! than forwarded empty.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::header;
+use pingora_proxy::Session;
+
+/// Pingora's retry buffer size (`BODY_BUF_LIMIT` in pingora-core).
+pub const RETRY_BUFFER: usize = 64 * 1024;
+
+#[derive(Debug)]
+pub enum BodyError {
+    TooLarge,
+    ChunkedTooLarge,
+    NotReplayable,
+    Read(Box<pingora_error::Error>),
+}
+
+/// The request's declared framing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    Length(usize),
+    Chunked,
+}
+
+pub fn framing(session: &Session) -> Framing {
+    let headers = &session.req_header().headers;
+    let chunked = headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .any(|v| v.as_bytes().eq_ignore_ascii_case(b"chunked"));
+    if chunked {
+        return Framing::Chunked;
+    }
+    let len = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    Framing::Length(len)
+}
+
+/// Read the whole body (`limit` bytes at most), arranging Pingora's retry buffer so that the
+/// body is replayed on every attempt.
+pub async fn read_whole_body(
+    session: &mut Session,
+    framing: Framing,
+    limit: usize,
+) -> Result<Bytes, BodyError> {
+    let (expected, mut buffering) = match framing {
+        Framing::Length(n) if n > limit => return Err(BodyError::TooLarge),
+        Framing::Length(n) => (Some(n), n <= RETRY_BUFFER),
+        Framing::Chunked => (None, true),
+    };
+    if buffering {
+        session.as_mut().enable_retry_buffering();
+    }
+    let mut body = BytesMut::with_capacity(expected.unwrap_or(4096));
+    loop {
+        if let (false, Some(n)) = (buffering, expected) {
+            if n.saturating_sub(body.len()) <= RETRY_BUFFER {
+                session.as_mut().enable_retry_buffering();
+                buffering = true;
+            }
+        }
+        match session.as_mut().read_request_body().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > limit {
+                    return Err(BodyError::TooLarge);
+                }
+                if expected.is_none() && body.len() + chunk.len() > RETRY_BUFFER {
+                    return Err(BodyError::ChunkedTooLarge);
+                }
+                body.put_slice(&chunk);
+            }
+            Ok(None) => break,
+            Err(e) => return Err(BodyError::Read(e)),
+        }
+    }
+    if !body.is_empty() && session.as_ref().get_retry_buffer().is_none() {
+        return Err(BodyError::NotReplayable);
+    }
+    Ok(body.freeze())
+}

@@ -1,0 +1,192 @@
+//! `RequestCtx`: everything one request carries through Pingora's hooks.
+//!
+//! One typed context, filled in order by the phases (see `proxy::mod`): the snapshot and plan
+//! from `request_filter`, the current attempt from `upstream_peer`, outcomes from the failure
+//! hooks, the response handling from the response filters. `logging` reads it once at the end
+//! to emit metrics and the access line: nothing is counted anywhere else.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::HeaderValue;
+
+use crate::adapters::openai::{ChatRequest, ResponseRewriter, StreamStats};
+use crate::catalog::ProviderIdx;
+use crate::error::GatewayError;
+use crate::metrics::Outcome;
+use crate::retry::FailureLog;
+use crate::routing::plan::{Advance, Plan, Target};
+use crate::routing::{RouteIdx, Tables};
+
+/// One upstream call.
+#[derive(Debug, Clone, Copy)]
+pub struct Attempt {
+    pub target: Target,
+    pub provider: ProviderIdx,
+    pub started: Instant,
+    /// When the response header arrived.
+    pub header_at: Option<Instant>,
+}
+
+/// An attempt as the log and metrics see it once it ended.
+#[derive(Debug, Clone, Copy)]
+pub struct AttemptRecord {
+    pub provider: ProviderIdx,
+    pub outcome: Outcome,
+    pub ttfb: Option<Duration>,
+    pub duration: Duration,
+    /// Whether another attempt followed (a failover).
+    pub followed: bool,
+}
+
+#[derive(Debug)]
+pub struct RequestCtx {
+    pub started: Instant,
+    pub request_id: HeaderValue,
+    pub tables: Option<Arc<Tables>>,
+    pub route: Option<RouteIdx>,
+    pub request: Option<ChatRequest>,
+    pub plan: Option<Plan>,
+    /// The target the next `upstream_peer` call connects to.
+    pub pending: Option<Target>,
+    /// A target to call again because its pooled connection was stale (not a failover).
+    pub retry_same: bool,
+    pub current: Option<Attempt>,
+    /// Upstream calls made (`x-llm-attempts`).
+    pub attempts: u32,
+    pub first_attempt_at: Option<Instant>,
+    /// An outcome already known for the current attempt (a status classified in
+    /// `upstream_response_filter`), consumed by the failure hook.
+    pub status_outcome: Option<(Outcome, Advance)>,
+    pub failures: FailureLog,
+    pub log: Vec<AttemptRecord>,
+    /// The attempt whose response is being relayed.
+    pub served: Option<Attempt>,
+    /// A response header (not 1xx) went to the client: no attempt may follow.
+    pub committed: bool,
+    /// Status sent to the client.
+    pub status: Option<u16>,
+    pub rewriter: ResponseRewriter,
+    pub stream: StreamStats,
+    pub is_sse: bool,
+    /// The rewritten body for the current attempt and the upstream literal it was built for.
+    pub attempt_body: Option<(Bytes, Bytes)>,
+    /// An error signalbox answered itself.
+    pub local_error: Option<GatewayError>,
+    pub stream_broken: bool,
+    pub in_flight: bool,
+}
+
+impl RequestCtx {
+    pub fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            request_id: next_request_id(),
+            tables: None,
+            route: None,
+            request: None,
+            plan: None,
+            pending: None,
+            retry_same: false,
+            current: None,
+            attempts: 0,
+            first_attempt_at: None,
+            status_outcome: None,
+            failures: FailureLog::default(),
+            log: Vec::new(),
+            served: None,
+            committed: false,
+            status: None,
+            rewriter: ResponseRewriter::Passthrough,
+            stream: StreamStats::default(),
+            is_sse: false,
+            attempt_body: None,
+            local_error: None,
+            stream_broken: false,
+            in_flight: false,
+        }
+    }
+
+    /// Close the current attempt with an outcome.
+    pub fn finish_attempt(&mut self, outcome: Outcome) {
+        if let Some(a) = self.current.take() {
+            let now = Instant::now();
+            if let Some(prev) = self.log.last_mut() {
+                prev.followed = true;
+            }
+            self.log.push(AttemptRecord {
+                provider: a.provider,
+                outcome,
+                ttfb: a.header_at.map(|h| h.duration_since(a.started)),
+                duration: now.duration_since(a.started),
+                followed: false,
+            });
+        }
+    }
+}
+
+impl Default for RequestCtx {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Request ids: 32 hex characters, unique per process (a random 64-bit prefix per process and a
+/// bijective mix of a counter), so ids from replicas do not collide in practice.
+fn next_request_id() -> HeaderValue {
+    static PREFIX: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let prefix = *PREFIX.get_or_init(process_seed);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mixed = splitmix64(n ^ prefix.rotate_left(17));
+    let mut buf = [0u8; 32];
+    hex_into(&mut buf[..16], prefix);
+    hex_into(&mut buf[16..], mixed);
+    HeaderValue::from_bytes(&buf).unwrap_or_else(|_| HeaderValue::from_static("0"))
+}
+
+fn process_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded from the OS; mix in time and pid for good measure.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn hex_into(out: &mut [u8], v: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (i, slot) in out.iter_mut().enumerate().take(16) {
+        *slot = HEX[((v >> (60 - 4 * i)) & 0xf) as usize];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_unique_hex() {
+        let ids: std::collections::HashSet<_> = (0..1000).map(|_| next_request_id()).collect();
+        assert_eq!(ids.len(), 1000);
+        for id in ids.iter().take(3) {
+            let s = id.to_str().expect("ascii");
+            assert_eq!(s.len(), 32);
+            assert!(s.bytes().all(|b| b.is_ascii_hexdigit()));
+        }
+    }
+}

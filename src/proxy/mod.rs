@@ -1,0 +1,855 @@
+//! The Pingora `ProxyHttp` implementation: connects routing decisions to the request's phases.
+//!
+//! ```text
+//! request_filter          read + bound the body, scan it once, resolve the model, build the
+//!                         plan from one snapshot load, pick the first target (or answer)
+//! upstream_peer           the pending target as an HttpPeer (pre-resolved address, TLS/SNI,
+//!                         timeouts); counts the attempt
+//! upstream_request_filter per-target header rewrite: auth, host, path, content-length
+//! request_body_filter     Pingora replays its retry-buffer tail: swap in the rewritten body
+//! upstream_response_filter classify the status; a failover status returns Err before the
+//!                         header reaches the client, so Pingora's loop calls upstream_peer again
+//! response_filter         routing headers; from here on the request is committed
+//! response_body_filter    model rewrite (JSON / SSE), stream accounting, broken-stream events
+//! fail_to_connect,        classify, record, pick the next target, retry iff nothing reached
+//! error_while_proxy       the client and the budgets allow
+//! fail_to_proxy           the final answer in signalbox's words (or an SSE error event)
+//! logging                 metrics and the access line, once per request
+//! ```
+//!
+//! Pingora does not stop a retry after bytes reached the client; the `committed` flag (set
+//! when a non-informational header goes out, see `response_filter`) is the guard, checked by
+//! every failure hook. A `100 Continue` sent for `Expect` does not commit.
+
+pub mod body;
+pub mod ctx;
+pub mod respond;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use http::{header, Method};
+use pingora_core::protocols::ALPN;
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_error::{Error, ErrorSource, ErrorType};
+use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_proxy::{FailToProxy, ProxyHttp, Session};
+
+use crate::adapters::openai::{sse_error_event, ChatRequest, ResponseRewriter};
+use crate::error::{ErrorCode, GatewayError};
+use crate::metrics::{status_class_index, Metrics, Outcome};
+use crate::retry::{self, StatusVerdict};
+use crate::routing::plan::{Advance, Plan};
+use crate::routing::{resolve, Resolution, ResolveError, Tables};
+
+use self::body::{BodyError, Framing};
+use self::ctx::{Attempt, RequestCtx};
+
+/// State shared by every request: the routing snapshot and the metric families.
+pub struct GatewayState {
+    pub tables: ArcSwap<Tables>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl GatewayState {
+    pub fn new(tables: Tables, metrics: Arc<Metrics>) -> Self {
+        metrics
+            .config_generation
+            .set(i64::try_from(tables.generation).unwrap_or(0));
+        Self {
+            tables: ArcSwap::from_pointee(tables),
+            metrics,
+        }
+    }
+}
+
+/// The signalbox proxy.
+pub struct Gateway {
+    state: Arc<GatewayState>,
+}
+
+impl Gateway {
+    pub fn new(state: Arc<GatewayState>) -> Self {
+        Self { state }
+    }
+}
+
+/// Headers a client may use to authenticate to signalbox; never forwarded upstream.
+const CLIENT_AUTH_HEADERS: &[&str] = &[
+    "authorization",
+    "x-api-key",
+    "api-key",
+    "proxy-authorization",
+];
+/// Response headers of the provider that describe its account, not the answer.
+const DROPPED_RESPONSE_HEADERS: &[&str] = &["set-cookie", "openai-organization", "openai-project"];
+/// Cap on an upstream `Retry-After` relayed to callers.
+const RETRY_AFTER_CAP: Duration = Duration::from_secs(3600);
+/// How long an idle upstream connection stays pooled.
+const UPSTREAM_IDLE: Duration = Duration::from_secs(60);
+
+fn gateway_error(code: ErrorCode, message: &'static str) -> GatewayError {
+    GatewayError::new(code, message)
+}
+
+impl Gateway {
+    /// Everything before the first attempt. `Ok(true)` when signalbox answered itself.
+    async fn prepare(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora_error::Result<bool> {
+        let tables = self.state.tables.load_full();
+        ctx.route = Some(tables.unresolved);
+        ctx.tables = Some(tables.clone());
+        self.state.metrics.in_flight.inc();
+        ctx.in_flight = true;
+
+        let req = session.req_header();
+        let path = req.uri.path();
+        let is_chat = matches!(path, "/v1/chat/completions" | "/chat/completions");
+        let is_models = matches!(path, "/v1/models" | "/models");
+        if is_models && req.method == Method::GET {
+            let body = respond::models_body(&tables);
+            respond::write_json(session, ctx, 200, body, None).await?;
+            return Ok(true);
+        }
+        if !is_chat && !is_models {
+            return self
+                .refuse(session, ctx, gateway_error(ErrorCode::NotFound, "no such endpoint; signalbox serves POST /v1/chat/completions and GET /v1/models"))
+                .await;
+        }
+        if req.method != Method::POST {
+            return self
+                .refuse(
+                    session,
+                    ctx,
+                    gateway_error(ErrorCode::MethodNotAllowed, "this endpoint takes POST"),
+                )
+                .await;
+        }
+        let header_bytes: usize = req
+            .headers
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum();
+        if header_bytes > tables.limits.max_request_headers {
+            return self
+                .refuse(
+                    session,
+                    ctx,
+                    gateway_error(
+                        ErrorCode::HeadersTooLarge,
+                        "the request headers exceed the gateway's limit",
+                    ),
+                )
+                .await;
+        }
+
+        // The body, bounded, read so that Pingora replays it on every attempt.
+        let framing = body::framing(session);
+        if let Framing::Length(n) = framing {
+            if n > tables.limits.max_request_body {
+                return self.refuse_body_too_large(session, ctx).await;
+            }
+        }
+        let expects_continue = session
+            .req_header()
+            .headers
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        if expects_continue {
+            session.as_mut().write_continue_response().await?;
+        }
+        let body = match body::read_whole_body(session, framing, tables.limits.max_request_body)
+            .await
+        {
+            Ok(b) => b,
+            Err(BodyError::TooLarge) => return self.refuse_body_too_large(session, ctx).await,
+            Err(BodyError::ChunkedTooLarge) => {
+                session.set_keepalive(None);
+                return self
+                    .refuse(session, ctx, gateway_error(ErrorCode::LengthRequired, "chunked request bodies over 64KiB are not accepted; send a Content-Length"))
+                    .await;
+            }
+            Err(BodyError::NotReplayable) => {
+                return self
+                    .refuse(session, ctx, gateway_error(ErrorCode::HeadersTooLarge, "the request arrived in a way the gateway cannot replay (very large headers ahead of the body); reduce the headers"))
+                    .await;
+            }
+            Err(BodyError::Read(e)) => return Err(e),
+        };
+
+        let request = match ChatRequest::parse(body) {
+            Ok(r) => r,
+            Err(e) => {
+                let err = GatewayError::new(ErrorCode::InvalidRequest, e.message());
+                return self.refuse(session, ctx, err).await;
+            }
+        };
+
+        // Resolve the model and build the plan.
+        let model = request.model_name();
+        let resolution = match resolve(&tables, &model) {
+            Ok(r) => r,
+            Err(e) => {
+                let err = resolve_error(e, &model);
+                return self.refuse(session, ctx, err).await;
+            }
+        };
+        drop(model);
+        ctx.route = Some(resolution.route());
+        let mut plan = match resolution {
+            Resolution::Route(r) => Plan::new(tables.route(r).candidates.clone()),
+            Resolution::Adhoc { deployment, .. } => Plan::adhoc(deployment),
+        };
+        if let Some(routing) = &request.routing {
+            if let Err(err) = apply_routing_override(&tables, routing, &mut plan) {
+                return self.refuse(session, ctx, err).await;
+            }
+        }
+        ctx.pending = plan.next(&tables.catalog, Advance::NextDeployment);
+        ctx.request = Some(request);
+        if ctx.pending.is_none() {
+            let err = ctx.failures.final_error(&plan);
+            ctx.plan = Some(plan);
+            return self.refuse(session, ctx, err).await;
+        }
+        ctx.plan = Some(plan);
+        Ok(false)
+    }
+
+    async fn refuse(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        err: GatewayError,
+    ) -> pingora_error::Result<bool> {
+        respond::write_error(session, ctx, err).await?;
+        Ok(true)
+    }
+
+    async fn refuse_body_too_large(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora_error::Result<bool> {
+        // The rest of the body is not read: the connection cannot be reused.
+        session.set_keepalive(None);
+        let limit = ctx.tables.as_ref().map_or(0, |t| t.limits.max_request_body);
+        let err = GatewayError::new(
+            ErrorCode::RequestTooLarge,
+            format!("the request body exceeds the gateway's limit of {limit} bytes"),
+        );
+        self.refuse(session, ctx, err).await
+    }
+
+    /// After a failed attempt: record it and decide whether another attempt may run.
+    /// Returns whether Pingora should retry (call `upstream_peer` again).
+    fn after_failure(&self, ctx: &mut RequestCtx, outcome: Outcome, advance: Advance) -> bool {
+        ctx.finish_attempt(outcome);
+        ctx.failures.record(outcome);
+        let Some(tables) = ctx.tables.clone() else {
+            return false;
+        };
+        let Some(plan) = ctx.plan.as_mut() else {
+            return false;
+        };
+        ctx.pending = None;
+        if ctx.attempts >= tables.failover.max_attempts {
+            return false;
+        }
+        // The first attempt and the first retry always run; later ones only within the deadline.
+        if let Some(deadline) = tables.failover.deadline {
+            if ctx.attempts >= 2 && ctx.started.elapsed() >= deadline {
+                return false;
+            }
+        }
+        ctx.pending = plan.next(&tables.catalog, advance);
+        ctx.pending.is_some()
+    }
+
+    /// Whether bytes of a final response already went to the client.
+    fn committed(session: &Session, ctx: &RequestCtx) -> bool {
+        ctx.committed
+            || session
+                .response_written()
+                .is_some_and(|r| !r.status.is_informational())
+    }
+}
+
+fn resolve_error(e: ResolveError, model: &str) -> GatewayError {
+    // The model name is echoed only when short and printable: it is the caller's own input.
+    let shown: String = if model.len() <= 128 && model.bytes().all(|b| b.is_ascii_graphic()) {
+        model.to_string()
+    } else {
+        "(the requested model)".to_string()
+    };
+    match e {
+        ResolveError::ModelNotFound => GatewayError::new(
+            ErrorCode::ModelNotFound,
+            format!("no model, alias or chain named {shown:?}"),
+        ),
+        ResolveError::NoActiveChain => GatewayError::new(
+            ErrorCode::ModelNotFound,
+            "`auto` needs an active chain and none is configured",
+        ),
+        ResolveError::ChainEmpty => GatewayError::new(
+            ErrorCode::ChainEmpty,
+            format!("{shown:?} names a chain with no usable model"),
+        ),
+        ResolveError::ModelDisabled => {
+            GatewayError::new(ErrorCode::ModelNotFound, format!("{shown:?} is disabled"))
+        }
+    }
+}
+
+/// Apply the request's `routing` object. It can narrow the plan, never widen it.
+fn apply_routing_override(
+    tables: &Tables,
+    routing: &crate::adapters::openai::RoutingOverride,
+    plan: &mut Plan,
+) -> Result<(), GatewayError> {
+    if let Some(policy) = &routing.policy {
+        return Err(GatewayError::new(
+            ErrorCode::InvalidRequest,
+            format!("`routing.policy`: no policy named {:?}", truncate(policy)),
+        ));
+    }
+    if let Some(strategy) = &routing.strategy {
+        if strategy != "priority" {
+            return Err(GatewayError::new(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "`routing.strategy`: unknown strategy {:?}",
+                    truncate(strategy)
+                ),
+            ));
+        }
+    }
+    if let Some(providers) = &routing.providers {
+        let mut allowed = Vec::with_capacity(providers.len());
+        for id in providers {
+            match tables.catalog.provider_by_id(id) {
+                Some(p) => allowed.push(p.idx),
+                None => {
+                    return Err(GatewayError::new(
+                        ErrorCode::InvalidRequest,
+                        format!("`routing.providers`: no provider named {:?}", truncate(id)),
+                    ))
+                }
+            }
+        }
+        plan.restrict_to(allowed);
+    }
+    Ok(())
+}
+
+fn truncate(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
+fn peer_for(
+    tables: &Tables,
+    ctx: &RequestCtx,
+    target: crate::routing::Target,
+) -> Option<(HttpPeer, crate::catalog::ProviderIdx)> {
+    let plan = ctx.plan.as_ref()?;
+    let deployment = plan.deployment(&tables.catalog, target.position)?;
+    let provider = tables.catalog.provider(deployment.provider);
+    let addr = provider.addrs.pick()?;
+    let mut peer = HttpPeer::new(addr, provider.tls, provider.sni.clone());
+    peer.options.connection_timeout = Some(provider.connect_timeout);
+    peer.options.total_connection_timeout = Some(provider.connect_timeout);
+    // Per read: the header deadline, and the longest gap allowed between stream chunks.
+    peer.options.read_timeout = Some(provider.ttfb_timeout);
+    peer.options.write_timeout = Some(provider.ttfb_timeout);
+    peer.options.idle_timeout = Some(UPSTREAM_IDLE);
+    peer.options.alpn = ALPN::H1;
+    peer.options.ca.clone_from(&provider.ca);
+    Some((peer, deployment.provider))
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> Self::CTX {
+        RequestCtx::new()
+    }
+
+    async fn request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut Self::CTX,
+    ) -> pingora_error::Result<bool> {
+        self.prepare(session, ctx).await
+    }
+
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut Self::CTX,
+    ) -> pingora_error::Result<Box<HttpPeer>> {
+        let tables = ctx
+            .tables
+            .clone()
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no routing snapshot"))?;
+        let target = ctx
+            .pending
+            .take()
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no target left"))?;
+        let (peer, provider) = peer_for(&tables, ctx, target)
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "target has no address"))?;
+        // The body this target gets: rebuilt only when the upstream model name changes.
+        if let (Some(request), Some(plan)) = (&ctx.request, &ctx.plan) {
+            if let Some(d) = plan.deployment(&tables.catalog, target.position) {
+                let reuse = ctx
+                    .attempt_body
+                    .as_ref()
+                    .is_some_and(|(lit, _)| *lit == d.upstream_model_json);
+                if !reuse {
+                    let body = request.body_for(&d.upstream_model_json);
+                    ctx.attempt_body = Some((d.upstream_model_json.clone(), body));
+                }
+            }
+        }
+        let now = Instant::now();
+        ctx.first_attempt_at.get_or_insert(now);
+        ctx.attempts += 1;
+        ctx.current = Some(Attempt {
+            target,
+            provider,
+            started: now,
+            header_at: None,
+        });
+        ctx.status_outcome = None;
+        Ok(Box::new(peer))
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut Self::CTX,
+    ) -> pingora_error::Result<()> {
+        let (Some(tables), Some(attempt), Some(plan)) = (&ctx.tables, &ctx.current, &ctx.plan)
+        else {
+            return Err(Error::explain(
+                ErrorType::InternalError,
+                "no attempt in progress",
+            ));
+        };
+        let deployment = plan
+            .deployment(&tables.catalog, attempt.target.position)
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no deployment"))?;
+        let provider = tables.catalog.provider(deployment.provider);
+        for h in CLIENT_AUTH_HEADERS {
+            upstream_request.remove_header(*h);
+        }
+        for h in [
+            "expect",
+            "transfer-encoding",
+            "accept-encoding",
+            "x-llm-session",
+            "x-llm-route",
+            "x-llm-router",
+            "x-llm-metadata",
+            "cookie",
+        ] {
+            upstream_request.remove_header(h);
+        }
+        if let Some(auth) = provider.credentials[attempt.target.credential]
+            .auth
+            .as_ref()
+        {
+            upstream_request.insert_header("authorization", auth.header_value().clone())?;
+        }
+        upstream_request.set_uri(provider.chat_uri.clone());
+        upstream_request.insert_header("host", provider.host_header.clone())?;
+        let len = ctx.attempt_body.as_ref().map_or(0, |(_, b)| b.len());
+        upstream_request.insert_header("content-length", len)?;
+        upstream_request.insert_header("x-request-id", ctx.request_id.clone())?;
+        Ok(())
+    }
+
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Self::CTX,
+    ) -> pingora_error::Result<()>
+    where
+        Self::CTX: Send + Sync,
+    {
+        // Pingora hands over its retry-buffer tail (or nothing) once per attempt, with
+        // end_of_stream: replace it with the whole rewritten body.
+        if end_of_stream {
+            *body = ctx.attempt_body.as_ref().map(|(_, b)| b.clone());
+        } else {
+            *body = None;
+        }
+        Ok(())
+    }
+
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut Self::CTX,
+    ) -> pingora_error::Result<()> {
+        let status = upstream_response.status.as_u16();
+        if upstream_response.status.is_informational() {
+            return Ok(());
+        }
+        if let Some(a) = ctx.current.as_mut() {
+            a.header_at = Some(Instant::now());
+        }
+        match retry::classify_status(status) {
+            StatusVerdict::Success => {
+                let content_type = upstream_response
+                    .headers
+                    .get(header::CONTENT_TYPE)
+                    .map(|v| v.as_bytes())
+                    .unwrap_or_default();
+                let caller_model = ctx
+                    .request
+                    .as_ref()
+                    .map(ChatRequest::model_literal)
+                    .unwrap_or_default();
+                if starts_with_ignore_case(content_type, b"text/event-stream") {
+                    ctx.is_sse = true;
+                    ctx.rewriter = ResponseRewriter::Sse {
+                        caller_model,
+                        carry: BytesMut::new(),
+                    };
+                } else if starts_with_ignore_case(content_type, b"application/json") {
+                    ctx.rewriter = ResponseRewriter::Json {
+                        caller_model,
+                        buf: BytesMut::new(),
+                    };
+                }
+                if !matches!(ctx.rewriter, ResponseRewriter::Passthrough) {
+                    // The body changes length: re-frame it.
+                    upstream_response.remove_header("content-length");
+                    upstream_response.remove_header("content-encoding");
+                    upstream_response.insert_header("transfer-encoding", "chunked")?;
+                }
+                ctx.served = ctx.current;
+                Ok(())
+            }
+            StatusVerdict::Relay => {
+                ctx.rewriter = ResponseRewriter::Replace {
+                    status,
+                    sniff: BytesMut::new(),
+                };
+                let mut fresh = ResponseHeader::build(status, Some(4))?;
+                fresh.insert_header("content-type", "application/json")?;
+                fresh.insert_header("transfer-encoding", "chunked")?;
+                *upstream_response = fresh;
+                ctx.served = ctx.current;
+                Ok(())
+            }
+            StatusVerdict::Failover { outcome, advance } => {
+                if outcome == Outcome::RateLimited {
+                    if let Some(secs) = upstream_response
+                        .headers
+                        .get(header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| {
+                            retry::parse_retry_after(
+                                v,
+                                std::time::SystemTime::now(),
+                                RETRY_AFTER_CAP,
+                            )
+                        })
+                    {
+                        ctx.failures.note_retry_after(secs.as_secs().max(1));
+                    }
+                }
+                ctx.status_outcome = Some((outcome, advance));
+                Err(Error::explain(
+                    ErrorType::HTTPStatus(status),
+                    "upstream status triggers failover",
+                )
+                .into_up())
+            }
+        }
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut Self::CTX,
+    ) -> pingora_error::Result<()> {
+        if upstream_response.status.is_informational() {
+            return Ok(());
+        }
+        for h in DROPPED_RESPONSE_HEADERS {
+            upstream_response.remove_header(*h);
+        }
+        respond::add_routing_headers(upstream_response, ctx, Instant::now())?;
+        ctx.status = Some(upstream_response.status.as_u16());
+        ctx.committed = true;
+        Ok(())
+    }
+
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Self::CTX,
+    ) -> pingora_error::Result<Option<Duration>>
+    where
+        Self::CTX: Send + Sync,
+    {
+        ctx.rewriter.filter(body, end_of_stream, &mut ctx.stream);
+        if end_of_stream && ctx.is_sse && !ctx.stream.done && !ctx.stream.upstream_error_event {
+            // The upstream ended the stream without its terminator: say so in-band rather
+            // than let a truncated answer look complete.
+            let (msg, code) = if ctx.stream.data_events == 0 {
+                (
+                    "the provider ended the stream without producing any output",
+                    "upstream_empty_stream",
+                )
+            } else {
+                (
+                    "the provider ended the stream before it was complete",
+                    "upstream_stream_interrupted",
+                )
+            };
+            let mut out = BytesMut::new();
+            if let Some(b) = body.take() {
+                out.extend_from_slice(&b);
+            }
+            out.extend_from_slice(&sse_error_event(msg, code));
+            *body = Some(out.freeze());
+            ctx.stream_broken = true;
+        }
+        Ok(None)
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut Self::CTX,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        let outcome = retry::classify_connect_error(&e);
+        let retry = self.after_failure(ctx, outcome, Advance::NextDeployment);
+        e.set_retry(retry);
+        e
+    }
+
+    fn error_while_proxy(
+        &self,
+        _peer: &HttpPeer,
+        session: &mut Session,
+        mut e: Box<Error>,
+        ctx: &mut Self::CTX,
+        client_reused: bool,
+    ) -> Box<Error> {
+        if Self::committed(session, ctx) {
+            // Bytes reached the client: never another attempt.
+            ctx.stream_broken = true;
+            let outcome = if e.esource() == &ErrorSource::Downstream {
+                Outcome::Cancelled
+            } else {
+                Outcome::StreamBroken
+            };
+            ctx.finish_attempt(outcome);
+            e.set_retry(false);
+            return e;
+        }
+        if e.esource() == &ErrorSource::Downstream && ctx.status_outcome.is_none() {
+            // The client went away: not the upstream's fault, nothing to retry for.
+            ctx.finish_attempt(Outcome::Cancelled);
+            e.set_retry(false);
+            return e;
+        }
+        if let Some((outcome, advance)) = ctx.status_outcome.take() {
+            let retry = self.after_failure(ctx, outcome, advance);
+            e.set_retry(retry);
+            return e;
+        }
+        let outcome = retry::classify_proxy_error(&e);
+        // A pooled connection the upstream had already closed is not a failure of the target:
+        // call the same target once more on a fresh connection.
+        let stale = client_reused && outcome == Outcome::Reset && !ctx.retry_same;
+        if stale {
+            if let Some(attempt) = ctx.current {
+                let max = ctx.tables.as_ref().map_or(0, |t| t.failover.max_attempts);
+                ctx.finish_attempt(Outcome::Reset);
+                ctx.retry_same = true;
+                let retry = ctx.attempts < max;
+                ctx.pending = retry.then_some(attempt.target);
+                e.set_retry(retry);
+                return e;
+            }
+        }
+        let retry = self.after_failure(ctx, outcome, Advance::NextDeployment);
+        e.set_retry(retry);
+        e
+    }
+
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut Self::CTX,
+    ) -> FailToProxy
+    where
+        Self::CTX: Send + Sync,
+    {
+        if Self::committed(session, ctx) {
+            // Mid-response failure: end an SSE stream with an error event, never [DONE]; the
+            // connection then closes without the final chunk.
+            if ctx.is_sse && !ctx.stream.done && e.esource() != &ErrorSource::Downstream {
+                let event = sse_error_event(
+                    "the provider's stream broke before it was complete",
+                    "upstream_stream_interrupted",
+                );
+                let _ = session.write_response_body(Some(event), false).await;
+            }
+            ctx.stream_broken = true;
+            return FailToProxy {
+                error_code: 0,
+                can_reuse_downstream: false,
+            };
+        }
+        let client_gone = e.esource() == &ErrorSource::Downstream
+            && matches!(
+                e.etype(),
+                ErrorType::ReadError
+                    | ErrorType::WriteError
+                    | ErrorType::ConnectionClosed
+                    | ErrorType::ReadTimedout
+            );
+        if client_gone {
+            return FailToProxy {
+                error_code: 0,
+                can_reuse_downstream: false,
+            };
+        }
+        let err = match (e.esource(), &ctx.plan) {
+            (ErrorSource::Downstream, _) => {
+                GatewayError::new(ErrorCode::InvalidRequest, "the request could not be read")
+            }
+            (_, Some(plan)) => ctx.failures.final_error(plan),
+            (_, None) => GatewayError::new(
+                ErrorCode::Internal,
+                "the gateway could not handle the request",
+            ),
+        };
+        let status = err.status;
+        match respond::write_error(session, ctx, err).await {
+            Ok(()) => FailToProxy {
+                error_code: status,
+                can_reuse_downstream: false,
+            },
+            Err(_) => FailToProxy {
+                error_code: 0,
+                can_reuse_downstream: false,
+            },
+        }
+    }
+
+    async fn logging(&self, _session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX)
+    where
+        Self::CTX: Send + Sync,
+    {
+        if ctx.current.is_some() {
+            // The attempt whose response was relayed (or that ended with the request).
+            let outcome = if ctx.stream_broken && ctx.served.is_some() {
+                Outcome::StreamBroken
+            } else if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
+                Outcome::Cancelled
+            } else if matches!(ctx.rewriter, ResponseRewriter::Replace { .. }) {
+                Outcome::ClientError
+            } else if ctx.served.is_some() {
+                Outcome::Ok
+            } else {
+                Outcome::Cancelled
+            };
+            ctx.finish_attempt(outcome);
+        }
+        if ctx.in_flight {
+            self.state.metrics.in_flight.dec();
+        }
+        let Some(tables) = ctx.tables.as_ref() else {
+            return;
+        };
+        let metrics = &tables.metrics;
+        let none = tables.catalog.providers.len();
+        let served_provider = ctx.served.map_or(none, |a| a.provider.get());
+        let route = ctx.route.unwrap_or(tables.unresolved).get();
+        metrics
+            .requests
+            .inc(&[route, served_provider, status_class_index(ctx.status)]);
+        for rec in &ctx.log {
+            let p = rec.provider.get();
+            metrics.attempts.inc(&[p, rec.outcome.index()]);
+            if rec.followed {
+                metrics.failovers.inc(&[p, rec.outcome.index()]);
+            }
+            if let Some(pm) = metrics.providers.get(p) {
+                if let Some(ttfb) = rec.ttfb {
+                    pm.ttfb.observe(ttfb.as_secs_f64());
+                    pm.latency.observe(rec.duration.as_secs_f64());
+                }
+            }
+        }
+        if tracing::enabled!(target: "access", tracing::Level::INFO) {
+            let provider = ctx
+                .served
+                .map(|a| tables.catalog.provider(a.provider).id.clone());
+            let route = tables.route(ctx.route.unwrap_or(tables.unresolved));
+            tracing::info!(
+                target: "access",
+                request_id = ctx.request_id.to_str().unwrap_or(""),
+                route = &*route.label,
+                provider = provider.as_deref().unwrap_or("none"),
+                status = ctx.status.unwrap_or(0),
+                attempts = ctx.attempts,
+                error = ctx.local_error.as_ref().map_or("", |e| e.code.as_str()),
+                stream_broken = ctx.stream_broken,
+                ms = ctx.started.elapsed().as_secs_f64() * 1000.0,
+            );
+        }
+    }
+
+    fn suppress_error_log(&self, _session: &Session, _ctx: &Self::CTX, _error: &Error) -> bool {
+        // Pingora's line would carry peer details; the access line above covers the request.
+        true
+    }
+
+    fn suppress_proxy_warn_log(
+        &self,
+        _session: &Session,
+        _ctx: &Self::CTX,
+        _error: &Error,
+        _context: pingora_proxy::ProxyWarnLogContext,
+    ) -> bool {
+        true
+    }
+
+    fn request_summary(&self, session: &Session, ctx: &Self::CTX) -> String {
+        format!(
+            "{} {} request_id={}",
+            session.req_header().method,
+            session.req_header().uri.path(),
+            ctx.request_id.to_str().unwrap_or("")
+        )
+    }
+}
+
+fn starts_with_ignore_case(hay: &[u8], prefix: &[u8]) -> bool {
+    hay.len() >= prefix.len() && hay[..prefix.len()].eq_ignore_ascii_case(prefix)
+}

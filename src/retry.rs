@@ -1,0 +1,277 @@
+//! What counts as a failure, what is worth another candidate, and what the caller is told
+//! when every attempt failed. The single place these rules live: the proxy hooks (and, later,
+//! the subrequest path) ask here instead of deciding themselves.
+//!
+//! Failover triggers (before the first byte reached the client): connect refused or timed
+//! out, TLS failure, reset or close before the response header, TTFB timeout, and the
+//! statuses 5xx, 529, 429, 408, 404, 401, 402, 403 and unexpected 1xx/3xx. 401/402/403/429 are
+//! credential-scoped: the same deployment is retried with its next key first. Every other 4xx
+//! is the caller's fault and is relayed (in signalbox's words), not retried.
+
+use std::time::{Duration, SystemTime};
+
+use pingora_error::{Error, ErrorType};
+
+use crate::error::{ErrorCode, GatewayError};
+use crate::metrics::Outcome;
+use crate::routing::plan::{Advance, Plan, SkipReason};
+
+/// What to do with an upstream response status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusVerdict {
+    /// 2xx: relay it.
+    Success,
+    /// A failure: try the next target (if any remains).
+    Failover { outcome: Outcome, advance: Advance },
+    /// The caller's request was refused: relay the status in signalbox's words.
+    Relay,
+}
+
+pub fn classify_status(status: u16) -> StatusVerdict {
+    use StatusVerdict::{Failover, Relay, Success};
+    match status {
+        200..=299 => Success,
+        401..=403 => Failover {
+            outcome: Outcome::CredentialRejected,
+            advance: Advance::NextCredential,
+        },
+        429 => Failover {
+            outcome: Outcome::RateLimited,
+            advance: Advance::NextCredential,
+        },
+        404 => Failover {
+            outcome: Outcome::ModelNotFound,
+            advance: Advance::NextDeployment,
+        },
+        408 | 500..=599 => Failover {
+            outcome: Outcome::ServerError,
+            advance: Advance::NextDeployment,
+        },
+        400..=499 => Relay,
+        _ => Failover {
+            outcome: Outcome::UnexpectedStatus,
+            advance: Advance::NextDeployment,
+        },
+    }
+}
+
+/// Classify a failure to connect (`fail_to_connect`).
+pub fn classify_connect_error(e: &Error) -> Outcome {
+    match e.etype() {
+        ErrorType::ConnectTimedout => Outcome::ConnectTimeout,
+        ErrorType::TLSHandshakeFailure
+        | ErrorType::TLSHandshakeTimedout
+        | ErrorType::InvalidCert
+        | ErrorType::HandshakeError
+        | ErrorType::TLSWantX509Lookup => Outcome::TlsError,
+        _ => Outcome::ConnectRefused,
+    }
+}
+
+/// Classify an error after the connection was made, before any response byte reached the
+/// client (`error_while_proxy`), when no status was recorded.
+pub fn classify_proxy_error(e: &Error) -> Outcome {
+    match e.etype() {
+        ErrorType::ReadTimedout | ErrorType::WriteTimedout => Outcome::Timeout,
+        ErrorType::TLSHandshakeFailure | ErrorType::InvalidCert => Outcome::TlsError,
+        _ => Outcome::Reset,
+    }
+}
+
+/// Parse `Retry-After`: delta-seconds or an HTTP-date. Garbage gives `None`; negative or past
+/// values give zero; absurd values are capped at `cap`.
+pub fn parse_retry_after(value: &str, now: SystemTime, cap: Duration) -> Option<Duration> {
+    let v = value.trim();
+    if v.is_empty() {
+        return None;
+    }
+    let d = if let Ok(secs) = v.parse::<i64>() {
+        Duration::from_secs(u64::try_from(secs).unwrap_or(0))
+    } else if let Ok(secs) = v.parse::<f64>() {
+        if !secs.is_finite() {
+            return None;
+        }
+        Duration::from_secs_f64(secs.clamp(0.0, cap.as_secs_f64()))
+    } else {
+        let at = httpdate::parse_http_date(v).ok()?;
+        at.duration_since(now).unwrap_or(Duration::ZERO)
+    };
+    Some(d.min(cap))
+}
+
+/// The attempts of one request and how each ended, for the final answer.
+#[derive(Debug, Clone, Default)]
+pub struct FailureLog {
+    counts: [u16; Outcome::ALL.len()],
+    failures: u16,
+    /// The smallest upstream `Retry-After` seen on a 429, in seconds.
+    pub retry_after: Option<u64>,
+}
+
+impl FailureLog {
+    pub fn record(&mut self, outcome: Outcome) {
+        self.counts[outcome.index()] = self.counts[outcome.index()].saturating_add(1);
+        self.failures = self.failures.saturating_add(1);
+    }
+
+    pub fn note_retry_after(&mut self, secs: u64) {
+        self.retry_after = Some(self.retry_after.map_or(secs, |r| r.min(secs)));
+    }
+
+    pub fn count(&self, o: Outcome) -> u16 {
+        self.counts[o.index()]
+    }
+
+    pub fn failures(&self) -> u16 {
+        self.failures
+    }
+
+    fn all(&self, outcomes: &[Outcome]) -> bool {
+        self.failures > 0 && outcomes.iter().map(|o| self.count(*o)).sum::<u16>() == self.failures
+    }
+
+    /// What the caller is told when no attempt produced a relayable answer.
+    pub fn final_error(&self, plan: &Plan) -> GatewayError {
+        if self.failures == 0 {
+            if plan.skipped(SkipReason::NoCredential) > 0
+                && plan.skipped(SkipReason::ProviderDisabled) == 0
+                && plan.skipped(SkipReason::Unresolved) == 0
+            {
+                return GatewayError::new(
+                    ErrorCode::ProviderNotConfigured,
+                    "no candidate for this model has a usable provider credential configured",
+                );
+            }
+            return GatewayError::new(
+                ErrorCode::NoProviderAvailable,
+                "no provider is available for this model right now",
+            );
+        }
+        let n = self.failures;
+        let attempts = if n == 1 { "attempt" } else { "attempts" };
+        if self.all(&[Outcome::CredentialRejected]) {
+            return GatewayError::new(
+                ErrorCode::ProviderCredentialRejected,
+                format!("every provider credential tried was rejected ({n} {attempts})"),
+            );
+        }
+        if self.all(&[Outcome::RateLimited]) {
+            return GatewayError::new(
+                ErrorCode::RateLimited,
+                format!("every candidate is rate limited ({n} {attempts}); retry later"),
+            )
+            .with_retry_after(Some(self.retry_after.unwrap_or(1)));
+        }
+        if self.all(&[Outcome::ModelNotFound]) {
+            return GatewayError::new(
+                ErrorCode::UpstreamModelNotFound,
+                format!("no provider recognised the model it was sent ({n} {attempts})"),
+            );
+        }
+        if self.all(&[Outcome::ClientError]) {
+            return GatewayError::new(
+                ErrorCode::AllCandidatesRejected,
+                format!("every candidate rejected the request as invalid ({n} {attempts})"),
+            );
+        }
+        if self.all(&[Outcome::Timeout, Outcome::ConnectTimeout]) {
+            return GatewayError::new(
+                ErrorCode::UpstreamTimeout,
+                format!("every upstream attempt timed out ({n} {attempts})"),
+            );
+        }
+        GatewayError::new(
+            ErrorCode::UpstreamError,
+            format!("every upstream attempt failed ({n} {attempts}); no provider could serve the request"),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses() {
+        assert_eq!(classify_status(200), StatusVerdict::Success);
+        assert_eq!(classify_status(400), StatusVerdict::Relay);
+        assert_eq!(classify_status(422), StatusVerdict::Relay);
+        for s in [500, 502, 503, 504, 529, 408] {
+            assert!(
+                matches!(
+                    classify_status(s),
+                    StatusVerdict::Failover {
+                        outcome: Outcome::ServerError,
+                        advance: Advance::NextDeployment
+                    }
+                ),
+                "{s}"
+            );
+        }
+        for s in [401, 402, 403, 429] {
+            assert!(
+                matches!(
+                    classify_status(s),
+                    StatusVerdict::Failover {
+                        advance: Advance::NextCredential,
+                        ..
+                    }
+                ),
+                "{s}"
+            );
+        }
+        assert!(matches!(
+            classify_status(302),
+            StatusVerdict::Failover {
+                outcome: Outcome::UnexpectedStatus,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn retry_after_forms() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let cap = Duration::from_secs(600);
+        assert_eq!(
+            parse_retry_after("7", now, cap),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(parse_retry_after("-5", now, cap), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("99999999", now, cap), Some(cap));
+        assert_eq!(parse_retry_after("soon", now, cap), None);
+        assert_eq!(parse_retry_after("", now, cap), None);
+        assert_eq!(
+            parse_retry_after("1.5", now, cap),
+            Some(Duration::from_millis(1500))
+        );
+        let date = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(
+            parse_retry_after(&date, now, cap),
+            Some(Duration::from_secs(30))
+        );
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
+        assert_eq!(parse_retry_after(&past, now, cap), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn final_errors() {
+        let plan = Plan::new(std::sync::Arc::from(Vec::new()));
+        let mut log = FailureLog::default();
+        assert_eq!(log.final_error(&plan).code, ErrorCode::NoProviderAvailable);
+        log.record(Outcome::RateLimited);
+        log.note_retry_after(9);
+        log.note_retry_after(4);
+        let e = log.final_error(&plan);
+        assert_eq!((e.code, e.retry_after), (ErrorCode::RateLimited, Some(4)));
+        log.record(Outcome::ServerError);
+        assert_eq!(log.final_error(&plan).code, ErrorCode::UpstreamError);
+        let mut t = FailureLog::default();
+        t.record(Outcome::Timeout);
+        t.record(Outcome::ConnectTimeout);
+        assert_eq!(t.final_error(&plan).code, ErrorCode::UpstreamTimeout);
+        let mut c = FailureLog::default();
+        c.record(Outcome::CredentialRejected);
+        assert_eq!(c.final_error(&plan).status, 424);
+    }
+}

@@ -1,0 +1,347 @@
+//! The routing snapshot: every route a caller can name, with its candidate order, built
+//! once per config (and, later, per re-ranking) and swapped whole behind an `ArcSwap`.
+//!
+//! A route is what a `model` string resolves to: a model, an alias, a chain (`auto`,
+//! `auto:<chain>`), an axis (`auto:<axis>`) or a direct `<provider>/<upstream-model>` that
+//! names a configured deployment. Its candidate list is the deployments to try, in order,
+//! deduplicated. The request path looks a name up (one hash lookup on a lower-cased copy in a
+//! stack buffer) and keeps an `Arc` of the snapshot for the request's lifetime, so a swap in
+//! the middle of a request never changes the plan under it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::HeaderValue;
+
+use crate::catalog::{Catalog, DeploymentIdx, ProviderIdx};
+use crate::config::{Config, Failover, Limits};
+use crate::metrics::{BoundMetrics, Metrics};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RouteIdx(pub u32);
+
+impl RouteIdx {
+    pub fn get(self) -> usize {
+        self.0 as usize
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteKind {
+    Model,
+    Alias,
+    Chain,
+    Axis,
+    Direct,
+    /// Requests that ended before a route was resolved (metrics only).
+    Unresolved,
+}
+
+impl RouteKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteKind::Model => "model",
+            RouteKind::Alias => "alias",
+            RouteKind::Chain => "chain",
+            RouteKind::Axis => "axis",
+            RouteKind::Direct => "direct",
+            RouteKind::Unresolved => "unresolved",
+        }
+    }
+}
+
+/// How a route orders its candidates. Only static orders exist so far; health-scored
+/// strategies plug in here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// The chain's configured order (models in order, each model's deployments by priority).
+    Chain,
+    /// Priority ascending, configured order among equals.
+    Priority,
+    /// Capability tier descending, then priority.
+    Smartest,
+}
+
+impl Strategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Chain => "chain",
+            Strategy::Priority => "priority",
+            Strategy::Smartest => "smartest",
+        }
+    }
+}
+
+/// One nameable route.
+#[derive(Debug)]
+pub struct Route {
+    pub idx: RouteIdx,
+    pub kind: RouteKind,
+    pub name: Arc<str>,
+    /// `kind:name`: the `x-llm-route` value and the metrics label.
+    pub label: Arc<str>,
+    pub header: HeaderValue,
+    pub strategy: Strategy,
+    /// Deployments to try, in order, without duplicates. Empty only for an empty chain.
+    pub candidates: Arc<[DeploymentIdx]>,
+}
+
+/// The immutable routing snapshot.
+pub struct Tables {
+    pub generation: u64,
+    pub catalog: Arc<Catalog>,
+    pub routes: Vec<Route>,
+    /// Lower-cased model and alias names.
+    names: HashMap<Box<str>, RouteIdx>,
+    /// Lower-cased chain names.
+    chains: HashMap<Box<str>, RouteIdx>,
+    /// Lower-cased axis names and synonyms.
+    axes: HashMap<&'static str, RouteIdx>,
+    /// `<provider>/<upstream-model>` (provider id as written, model lower-cased) of
+    /// configured deployments.
+    direct: HashMap<Box<str>, RouteIdx>,
+    /// Per provider: the route used for direct requests to upstream models not in the catalog.
+    direct_adhoc: Vec<RouteIdx>,
+    pub active_chain: Option<RouteIdx>,
+    pub unresolved: RouteIdx,
+    pub failover: Failover,
+    pub limits: Limits,
+    pub metrics: BoundMetrics,
+}
+
+impl std::fmt::Debug for Tables {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tables")
+            .field("generation", &self.generation)
+            .field("routes", &self.routes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The `auto:<axis>` names, each with the strategy it ranks by.
+const AXES: &[(&str, Strategy)] = &[
+    ("smart", Strategy::Smartest),
+    ("smartest", Strategy::Smartest),
+    ("fast", Strategy::Priority),
+    ("fastest", Strategy::Priority),
+    ("speed", Strategy::Priority),
+    ("reliable", Strategy::Priority),
+    ("balanced", Strategy::Priority),
+    ("cheap", Strategy::Priority),
+    ("cheapest", Strategy::Priority),
+    ("budget", Strategy::Priority),
+];
+
+impl Tables {
+    pub fn build(
+        config: &Config,
+        catalog: Arc<Catalog>,
+        metrics: &Metrics,
+        generation: u64,
+    ) -> Self {
+        let mut b = Builder {
+            catalog: &catalog,
+            routes: Vec::new(),
+        };
+        let unresolved = b.push(
+            RouteKind::Unresolved,
+            "unresolved",
+            Strategy::Priority,
+            Vec::new(),
+        );
+
+        let mut names = HashMap::new();
+        for m in &catalog.models {
+            let r = b.push(
+                RouteKind::Model,
+                &m.name,
+                Strategy::Priority,
+                b.usable(m.deployments.iter().copied()),
+            );
+            names.insert(m.name.to_ascii_lowercase().into_boxed_str(), r);
+        }
+        for a in &config.aliases {
+            let m = &catalog.models[a.model];
+            let r = b.push(
+                RouteKind::Alias,
+                &a.name,
+                Strategy::Priority,
+                b.usable(m.deployments.iter().copied()),
+            );
+            names.insert(a.name.to_ascii_lowercase().into_boxed_str(), r);
+        }
+        let mut chains = HashMap::new();
+        let mut chain_routes = Vec::with_capacity(config.chains.len());
+        for c in &config.chains {
+            let deps = c
+                .models
+                .iter()
+                .flat_map(|&m| catalog.models[m].deployments.iter().copied());
+            let r = b.push(RouteKind::Chain, &c.name, Strategy::Chain, b.usable(deps));
+            chains.insert(c.name.to_ascii_lowercase().into_boxed_str(), r);
+            chain_routes.push(r);
+        }
+        let active_chain = config.active_chain.map(|c| chain_routes[c]);
+
+        let mut axes = HashMap::new();
+        for &(axis, strategy) in AXES {
+            let mut models: Vec<_> = catalog.models.iter().filter(|m| m.enabled).collect();
+            if strategy == Strategy::Smartest {
+                models.sort_by_key(|m| std::cmp::Reverse(m.capability));
+            }
+            let mut deps: Vec<DeploymentIdx> = models
+                .iter()
+                .flat_map(|m| m.deployments.iter().copied())
+                .collect();
+            if strategy == Strategy::Priority {
+                deps.sort_by_key(|d| catalog.deployment(*d).priority);
+            }
+            let r = b.push(RouteKind::Axis, axis, strategy, b.usable(deps.into_iter()));
+            axes.insert(axis, r);
+        }
+
+        let mut direct: HashMap<Box<str>, RouteIdx> = HashMap::new();
+        let mut direct_groups: HashMap<String, Vec<DeploymentIdx>> = HashMap::new();
+        for d in &catalog.deployments {
+            let key = format!(
+                "{}/{}",
+                catalog.provider(d.provider).id,
+                d.upstream_model.to_ascii_lowercase()
+            );
+            direct_groups.entry(key).or_default().push(d.idx);
+        }
+        let mut keys: Vec<_> = direct_groups.into_iter().collect();
+        keys.sort();
+        for (key, deps) in keys {
+            let r = b.push(
+                RouteKind::Direct,
+                &key,
+                Strategy::Priority,
+                b.usable(deps.into_iter()),
+            );
+            direct.insert(key.into_boxed_str(), r);
+        }
+        let direct_adhoc = catalog
+            .providers
+            .iter()
+            .map(|p| b.push(RouteKind::Direct, &p.id, Strategy::Priority, Vec::new()))
+            .collect();
+
+        let routes = b.routes;
+        let route_labels: Vec<Arc<str>> = routes.iter().map(|r| r.label.clone()).collect();
+        let provider_labels: Vec<Arc<str>> =
+            catalog.providers.iter().map(|p| p.id.clone()).collect();
+        let bound = metrics.bind(&route_labels, &provider_labels);
+
+        Self {
+            generation,
+            catalog,
+            routes,
+            names,
+            chains,
+            axes,
+            direct,
+            direct_adhoc,
+            active_chain,
+            unresolved,
+            failover: config.failover,
+            limits: config.limits,
+            metrics: bound,
+        }
+    }
+
+    pub fn route(&self, r: RouteIdx) -> &Route {
+        &self.routes[r.get()]
+    }
+
+    pub fn by_name(&self, lower: &str) -> Option<RouteIdx> {
+        self.names.get(lower).copied()
+    }
+
+    pub fn chain(&self, lower: &str) -> Option<RouteIdx> {
+        self.chains.get(lower).copied()
+    }
+
+    pub fn axis(&self, lower: &str) -> Option<RouteIdx> {
+        self.axes.get(lower).copied()
+    }
+
+    pub fn direct(&self, key: &str) -> Option<RouteIdx> {
+        self.direct.get(key).copied()
+    }
+
+    pub fn direct_adhoc(&self, p: ProviderIdx) -> RouteIdx {
+        self.direct_adhoc[p.get()]
+    }
+
+    /// Every caller-facing model id, for `GET /v1/models`: models, aliases and chains
+    /// (`auto:<chain>`), plus `auto` when an active chain is set.
+    pub fn public_model_ids(&self) -> Vec<Arc<str>> {
+        let mut out: Vec<Arc<str>> = self
+            .routes
+            .iter()
+            .filter(|r| matches!(r.kind, RouteKind::Model | RouteKind::Alias))
+            .filter(|r| !r.candidates.is_empty())
+            .map(|r| r.name.clone())
+            .collect();
+        for r in &self.routes {
+            if r.kind == RouteKind::Chain {
+                out.push(Arc::from(format!("auto:{}", r.name)));
+            }
+        }
+        if self.active_chain.is_some() {
+            out.push(Arc::from("auto"));
+        }
+        out
+    }
+}
+
+struct Builder<'a> {
+    catalog: &'a Catalog,
+    routes: Vec<Route>,
+}
+
+impl Builder<'_> {
+    fn push(
+        &mut self,
+        kind: RouteKind,
+        name: &str,
+        strategy: Strategy,
+        candidates: Vec<DeploymentIdx>,
+    ) -> RouteIdx {
+        let idx = RouteIdx(u32::try_from(self.routes.len()).unwrap_or(u32::MAX));
+        let label: Arc<str> = Arc::from(format!("{}:{name}", kind.as_str()));
+        // Names were validated as visible ASCII, so the header value always builds.
+        let header =
+            HeaderValue::from_str(&label).unwrap_or_else(|_| HeaderValue::from_static("invalid"));
+        self.routes.push(Route {
+            idx,
+            kind,
+            name: Arc::from(name),
+            label,
+            header,
+            strategy,
+            candidates: candidates.into(),
+        });
+        idx
+    }
+
+    /// Deployments of enabled models, first occurrence only.
+    fn usable(&self, deps: impl Iterator<Item = DeploymentIdx>) -> Vec<DeploymentIdx> {
+        let mut out: Vec<DeploymentIdx> = Vec::new();
+        for d in deps {
+            let enabled = self
+                .catalog
+                .deployment(d)
+                .model
+                .is_some_and(|m| self.catalog.model(m).enabled);
+            if !enabled {
+                continue;
+            }
+            if !out.contains(&d) {
+                out.push(d);
+            }
+        }
+        out
+    }
+}

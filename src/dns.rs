@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 
+use crate::catalog::prefer_ipv4;
 use crate::proxy::GatewayState;
 
 /// How often provider host names are re-resolved.
@@ -35,9 +36,7 @@ impl DnsRefresher {
             let host = (p.base_url.host.as_str(), p.base_url.port);
             match tokio::net::lookup_host(host).await {
                 Ok(found) => {
-                    let mut addrs: Vec<_> = found.collect();
-                    addrs.sort();
-                    addrs.dedup();
+                    let addrs = prefer_ipv4(found.collect());
                     if addrs.is_empty() {
                         tracing::warn!(provider = %p.id, "provider host resolved to no address; keeping the previous ones");
                     } else if *p.addrs.snapshot() != addrs {

@@ -180,6 +180,12 @@ impl FailureLog {
                 format!("every upstream attempt timed out ({n} {attempts})"),
             );
         }
+        if n == 1 {
+            return GatewayError::new(
+                ErrorCode::UpstreamError,
+                "the upstream attempt failed and no other candidate was available",
+            );
+        }
         GatewayError::new(
             ErrorCode::UpstreamError,
             format!("every upstream attempt failed ({n} {attempts}); no provider could serve the request"),

@@ -390,8 +390,21 @@ pub fn resolve_blocking(host: &str, port: u16) -> Vec<SocketAddr> {
     use std::net::ToSocketAddrs;
     (host, port)
         .to_socket_addrs()
-        .map(Iterator::collect)
+        .map(|found| prefer_ipv4(found.collect()))
         .unwrap_or_default()
+}
+
+/// Keep IPv4 answers when there are any, in a stable order. Connections rotate over the
+/// answer set and there is no happy-eyeballs fallback per attempt, so a host whose IPv6
+/// path is broken (common on hosts that answer AAAA for `localhost`, say) would fail every
+/// other attempt.
+pub fn prefer_ipv4(mut addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
+    if addrs.iter().any(SocketAddr::is_ipv4) {
+        addrs.retain(SocketAddr::is_ipv4);
+    }
+    addrs.sort();
+    addrs.dedup();
+    addrs
 }
 
 /// Load a PEM bundle of CA certificates for a provider's TLS verification.

@@ -811,14 +811,24 @@ impl ProxyHttp for Gateway {
                 .served
                 .map(|a| tables.catalog.provider(a.provider).id.clone());
             let route = tables.route(ctx.route.unwrap_or(tables.unresolved));
+            let mut tried = String::new();
+            for rec in &ctx.log {
+                if !tried.is_empty() {
+                    tried.push(',');
+                }
+                tried.push_str(&tables.catalog.provider(rec.provider).id);
+                tried.push(':');
+                tried.push_str(rec.outcome.as_str());
+            }
             tracing::info!(
                 target: "access",
-                request_id = ctx.request_id.to_str().unwrap_or(""),
-                route = &*route.label,
-                provider = provider.as_deref().unwrap_or("none"),
+                request_id = %ctx.request_id.to_str().unwrap_or(""),
+                route = %route.label,
+                provider = %provider.as_deref().unwrap_or("none"),
                 status = ctx.status.unwrap_or(0),
                 attempts = ctx.attempts,
-                error = ctx.local_error.as_ref().map_or("", |e| e.code.as_str()),
+                tried = %tried,
+                error = %ctx.local_error.as_ref().map_or("-", |e| e.code.as_str()),
                 stream_broken = ctx.stream_broken,
                 ms = ctx.started.elapsed().as_secs_f64() * 1000.0,
             );

@@ -310,7 +310,11 @@ impl Builder<'_> {
         candidates: Vec<DeploymentIdx>,
     ) -> RouteIdx {
         let idx = RouteIdx(u32::try_from(self.routes.len()).unwrap_or(u32::MAX));
-        let label: Arc<str> = Arc::from(format!("{}:{name}", kind.as_str()));
+        let label: Arc<str> = if kind == RouteKind::Unresolved {
+            Arc::from(kind.as_str())
+        } else {
+            Arc::from(format!("{}:{name}", kind.as_str()))
+        };
         // Names were validated as visible ASCII, so the header value always builds.
         let header =
             HeaderValue::from_str(&label).unwrap_or_else(|_| HeaderValue::from_static("invalid"));

@@ -1,0 +1,334 @@
+//! Shared harness for the integration tests: mock providers in-process, the real `signalbox`
+//! binary as a child process on ephemeral loopback ports, and a few client helpers.
+//!
+//! The gateway runs as a process (not in-process) because Pingora owns its process: signals,
+//! `run_forever`, and its own runtimes. Readiness is the admin `/healthz` answering, polled
+//! with a deadline, never a fixed sleep.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::missing_panics_doc)]
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use signalbox::mock::{Behaviour, MockConfig, MockHandle, MockServer, StreamShape};
+
+/// A free loopback port (bound then released; the gateway binds it right after).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A loopback port where nothing listens: connects are refused.
+pub fn refused_port() -> u16 {
+    free_port()
+}
+
+/// A mock provider with a name.
+pub async fn mock(name: &str) -> MockHandle {
+    mock_with(name, |_| {}).await
+}
+
+pub async fn mock_with(name: &str, f: impl FnOnce(&mut MockConfig)) -> MockHandle {
+    let mut config = MockConfig {
+        name: name.to_string(),
+        stream: StreamShape {
+            chunks: 3,
+            gap: Duration::ZERO,
+        },
+        ..MockConfig::default()
+    };
+    f(&mut config);
+    MockServer::start("127.0.0.1:0".parse().unwrap(), config)
+        .await
+        .unwrap()
+}
+
+/// A listener that never completes a TCP handshake for new connections: its accept queue is
+/// full (backlog 0, filled by held connections), so further SYNs are dropped and connects to
+/// it time out. Loopback only.
+pub struct Blackhole {
+    pub addr: SocketAddr,
+    _listener: socket2::Socket,
+    _held: Vec<std::net::TcpStream>,
+}
+
+impl Blackhole {
+    pub fn new() -> Self {
+        use socket2::{Domain, Socket, Type};
+        let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        s.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        s.listen(0).unwrap();
+        let addr = s.local_addr().unwrap().as_socket().unwrap();
+        let mut held = Vec::new();
+        // Fill the accept queue; the kernel allows backlog + 1 pending connections.
+        for _ in 0..4 {
+            match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+                Ok(c) => held.push(c),
+                Err(_) => break,
+            }
+        }
+        Self {
+            addr,
+            _listener: s,
+            _held: held,
+        }
+    }
+}
+
+/// A running gateway process.
+pub struct Gateway {
+    child: Child,
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    pub dir: tempfile::TempDir,
+    stderr_path: PathBuf,
+}
+
+pub struct GatewayBuilder {
+    config: String,
+    env: Vec<(String, String)>,
+    file_name: String,
+}
+
+impl GatewayBuilder {
+    /// `config` is YAML without `listen:` and `pingora:`; the harness adds both.
+    pub fn new(config: impl Into<String>) -> Self {
+        Self {
+            config: config.into(),
+            env: Vec::new(),
+            file_name: "signalbox.yaml".to_string(),
+        }
+    }
+
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.env.push((k.to_string(), v.to_string()));
+        self
+    }
+
+    /// Write the config with this file name (e.g. `x.json` for a JSON config).
+    pub fn file_name(mut self, name: &str) -> Self {
+        self.file_name = name.to_string();
+        self
+    }
+
+    pub fn start(self) -> Gateway {
+        let dir = tempfile::tempdir().unwrap();
+        let proxy: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let text = if self.file_name.ends_with(".json") {
+            self.config.clone()
+        } else {
+            format!(
+                "listen: {{ proxy: \"{proxy}\", admin: \"{admin}\" }}\n\
+                 pingora: {{ threads: 2, pid_file: \"{pid}\", upgrade_sock: \"{sock}\", grace_period_seconds: 0, graceful_shutdown_timeout_seconds: 1 }}\n{}",
+                self.config,
+                pid = dir.path().join("pid").display(),
+                sock = dir.path().join("upgrade.sock").display(),
+            )
+        };
+        let path = dir.path().join(&self.file_name);
+        std::fs::write(&path, text).unwrap();
+        let stderr_path = dir.path().join("stderr.log");
+        let stderr = std::fs::File::create(&stderr_path).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_signalbox"));
+        cmd.arg("-c")
+            .arg(&path)
+            .env("RUST_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap();
+        let mut gw = Gateway {
+            child,
+            proxy,
+            admin,
+            dir,
+            stderr_path,
+        };
+        gw.wait_ready();
+        gw
+    }
+}
+
+impl Gateway {
+    pub fn start(config: impl Into<String>) -> Self {
+        GatewayBuilder::new(config).start()
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "gateway exited during startup ({status}):\n{}",
+                    self.stderr()
+                );
+            }
+            let admin_up = http_get_blocking(self.admin, "/healthz").is_some_and(|(s, _)| s == 200);
+            let proxy_up =
+                std::net::TcpStream::connect_timeout(&self.proxy, Duration::from_millis(100))
+                    .is_ok();
+            if admin_up && proxy_up {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "gateway not ready:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.proxy)
+    }
+
+    pub fn stderr(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.stderr_path) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+
+    /// The admin `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("http://{}/metrics", self.admin))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// The metrics once every line in `lines` is present. Metrics are recorded in the
+    /// request's `logging` phase, just after the response is written, so a scrape right after
+    /// a response may precede them: poll, with a deadline.
+    pub async fn metrics_with(&self, lines: &[&str]) -> String {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let m = self.metrics().await;
+            if lines.iter().all(|l| m.contains(l)) || Instant::now() > deadline {
+                return m;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The log once it contains `needle` (or the deadline passed).
+    pub async fn stderr_with(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let s = self.stderr();
+            if s.contains(needle) || Instant::now() > deadline {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub fn config_dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Minimal blocking GET for readiness checks.
+pub fn http_get_blocking(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
+    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let status = out.get(9..12)?.parse().ok()?;
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}
+
+/// A provider section pointing at a mock.
+pub fn provider(id: &str, m: &MockHandle) -> String {
+    format!(
+        "  {id}: {{ kind: openai, base_url: \"{}\" }}\n",
+        m.base_url()
+    )
+}
+
+/// A chat body.
+pub fn chat(model: &str) -> serde_json::Value {
+    serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "Say hello."}]
+    })
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// POST a JSON body to the gateway's chat endpoint.
+pub async fn post_chat(gw: &Gateway, body: &serde_json::Value) -> reqwest::Response {
+    client()
+        .post(gw.url("/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+pub fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
+    r.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+/// Assert a response is an OpenAI-shaped error with `code`, and return its JSON.
+pub async fn expect_error(r: reqwest::Response, status: u16, code: &str) -> serde_json::Value {
+    assert_eq!(r.status().as_u16(), status, "status");
+    let text = r.text().await.unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}"));
+    assert_eq!(v["error"]["code"], code, "{text}");
+    assert!(v["error"]["message"].is_string(), "{text}");
+    assert!(v["error"]["type"].is_string(), "{text}");
+    v
+}
+
+pub fn status(code: u16) -> Behaviour {
+    Behaviour::Status {
+        code,
+        retry_after: None,
+        body: None,
+    }
+}
+
+pub fn sha256_hex(b: &[u8]) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(b);
+    d.iter().map(|x| format!("{x:02x}")).collect()
+}

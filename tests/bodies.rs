@@ -2,6 +2,8 @@
 //! byte-identical but for the rewritten `model` and the stripped `routing`; headers are
 //! rewritten per target.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::*;

@@ -1,6 +1,8 @@
 //! The caller contract (DESIGN §6): routing headers, the error shape and codes, no secret or
 //! upstream detail in responses, logs or metrics, and the metrics themselves.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::*;

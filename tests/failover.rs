@@ -1,6 +1,8 @@
 //! Failover before the first byte: every trigger moves to the next candidate; a caller error
 //! does not; budgets bound the walk.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -1,6 +1,8 @@
 //! SSE streams pass through as produced, with the caller's model name, and a stream that
 //! breaks after the first byte ends with an error event, never a clean `[DONE]`.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -60,16 +60,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    for w in &warnings {
-        tracing::warn!("{}", w.0);
-    }
-
     if cli.test {
         println!("signalbox: {} is valid", cli.conf.display());
         for w in &warnings {
             println!("  warning: {}", w.0);
         }
         return ExitCode::SUCCESS;
+    }
+    for w in &warnings {
+        tracing::warn!("{}", w.0);
     }
     if let Some(Command::Explain { model }) = &cli.command {
         let tables = state.tables.load();

@@ -127,11 +127,19 @@ fn routing_reason(ctx: &RequestCtx, tables: &Tables, strategy: &str) -> String {
             catalog.provider(first.provider).id,
             first.priority,
         );
+        // Remaining candidates' providers, in order, each once (bounded: a header, not a dump).
+        let mut listed: Vec<crate::catalog::ProviderIdx> = vec![first.provider];
         let mut sep = "";
-        for pos in 1..plan.len().min(9) {
+        for pos in 1..plan.len() {
+            if listed.len() > 8 {
+                break;
+            }
             if let Some(d) = plan.deployment(catalog, pos) {
-                let _ = write!(out, "{sep}{}", catalog.provider(d.provider).id);
-                sep = ",";
+                if !listed.contains(&d.provider) {
+                    listed.push(d.provider);
+                    let _ = write!(out, "{sep}{}", catalog.provider(d.provider).id);
+                    sep = ",";
+                }
             }
         }
     }

@@ -95,6 +95,7 @@ pub struct GatewayBuilder {
     config: String,
     env: Vec<(String, String)>,
     file_name: String,
+    listen: Option<(SocketAddr, SocketAddr)>,
 }
 
 impl GatewayBuilder {
@@ -104,6 +105,7 @@ impl GatewayBuilder {
             config: config.into(),
             env: Vec::new(),
             file_name: "signalbox.yaml".to_string(),
+            listen: None,
         }
     }
 
@@ -118,10 +120,23 @@ impl GatewayBuilder {
         self
     }
 
+    /// The listeners the config itself names (for configs written whole, like JSON ones).
+    pub fn listening_on(mut self, proxy: u16, admin: u16) -> Self {
+        self.listen = Some((
+            SocketAddr::from(([127, 0, 0, 1], proxy)),
+            SocketAddr::from(([127, 0, 0, 1], admin)),
+        ));
+        self
+    }
+
     pub fn start(self) -> Gateway {
         let dir = tempfile::tempdir().unwrap();
-        let proxy: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let (proxy, admin) = self.listen.unwrap_or_else(|| {
+            (
+                SocketAddr::from(([127, 0, 0, 1], free_port())),
+                SocketAddr::from(([127, 0, 0, 1], free_port())),
+            )
+        });
         let text = if self.file_name.ends_with(".json") {
             self.config.clone()
         } else {

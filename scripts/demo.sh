@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One command from a fresh machine to a running gateway: installs what the build needs,
+# builds, starts two signalbox-mock providers (:9001, :9002) and runs signalbox on
+# conf/signalbox.yaml (:8080, admin :9090). Ctrl-C stops everything.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+command -v cmake >/dev/null 2>&1 || need_pkgs+=(cmake)
+command -v cc >/dev/null 2>&1 || need_pkgs+=(build-essential)
+command -v curl >/dev/null 2>&1 || need_pkgs+=(curl)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "demo: installing ${need_pkgs[*]} (needed to build Pingora)"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  $sudo_cmd apt-get install -y -qq "${need_pkgs[@]}"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "demo: cargo not found; install Rust from https://rustup.rs first" >&2
+  exit 1
+fi
+
+echo "demo: building (the first build takes a few minutes)"
+cargo build --bins
+
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; }
+trap cleanup EXIT INT TERM
+
+./target/debug/signalbox-mock --listen 127.0.0.1:9001 --listen 127.0.0.1:9002 --name demo \
+  --chunks 8 --gap-ms 80 > target/demo-mock.log 2>&1 &
+pids+=($!)
+./target/debug/signalbox -c conf/signalbox.yaml &
+pids+=($!)
+
+for _ in $(seq 1 100); do
+  curl -fsS -o /dev/null http://127.0.0.1:9090/healthz 2>/dev/null && break
+  sleep 0.1
+done
+
+cat <<'MSG'
+
+signalbox is up on http://127.0.0.1:8080 (metrics on http://127.0.0.1:9090/metrics).
+The `auto` chain starts with a provider that is down, so this request fails over:
+
+MSG
+curl -sS -D - -o /dev/null http://127.0.0.1:8080/v1/chat/completions \
+  -H 'content-type: application/json' \
+  -d '{"model":"auto","messages":[{"role":"user","content":"hello"}]}' | grep -i -E '^(HTTP|x-llm|x-routed|server-timing)'
+echo
+echo "Try a stream:  curl -N http://127.0.0.1:8080/v1/chat/completions -d '{\"model\":\"fast\",\"stream\":true}'"
+echo "Ctrl-C to stop."
+wait

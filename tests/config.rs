@@ -1,0 +1,94 @@
+//! The command line: `-t` validates and lists every error, JSON configs load, `explain` prints
+//! the plan, the shipped example configs are valid.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+fn signalbox(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_signalbox"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn test_flag_lists_every_error_with_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(
+        &path,
+        r#"
+providers:
+  a: { kind: openai, base_url: "ftp://nowhere" }
+models:
+  m: { deployments: [{ provider: ghost, model: x }] }
+aliases: { f: missing }
+failover: { max_attempts: 0 }
+"#,
+    )
+    .unwrap();
+    let out = signalbox(&["-t", "-c", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for needle in [
+        "providers.a.base_url:",
+        "models.m.deployments[0].provider:",
+        "aliases.f:",
+        "failover.max_attempts:",
+    ] {
+        assert!(err.contains(needle), "{needle} missing from:\n{err}");
+    }
+
+    std::fs::write(&path, "providers: {}\nmodels: {}\nsurprise: 1\n").unwrap();
+    let out = signalbox(&["-t", "-c", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("surprise"));
+}
+
+#[test]
+fn shipped_example_configs_are_valid() {
+    for file in ["conf/signalbox.yaml", "conf/providers.example.yaml"] {
+        let out = signalbox(&["-t", "-c", file]);
+        assert!(
+            out.status.success(),
+            "{file}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn explain_prints_the_plan() {
+    let out = signalbox(&["explain", "-c", "conf/signalbox.yaml", "auto"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("route:    chain:default"), "{text}");
+    assert!(text.contains("first attempt:"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_json_config_serves() {
+    let m = mock("m").await;
+    let proxy = free_port();
+    let admin = free_port();
+    let json = serde_json::json!({
+        "listen": {"proxy": format!("127.0.0.1:{proxy}"), "admin": format!("127.0.0.1:{admin}")},
+        "providers": {"p": {"kind": "openai", "base_url": m.base_url()}},
+        "models": {"x": {"deployments": [{"provider": "p", "model": "up"}]}},
+        "pingora": {"threads": 1, "grace_period_seconds": 0, "upgrade_sock": format!("/tmp/signalbox-test-{proxy}.sock")}
+    });
+    let gw = GatewayBuilder::new(json.to_string())
+        .file_name("config.json")
+        .listening_on(proxy, admin)
+        .start();
+    let r = post_chat(&gw, &chat("x")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(m.requests()[0].model.as_deref(), Some("up"));
+}

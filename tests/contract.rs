@@ -20,13 +20,17 @@ aliases: {{ fast: gpt-4o-mini }}\nchains: {{ default: [fast], empty: [lonely] }}
 
 const CANARY: &str = "sk-canary-7f3a9c1e5b";
 
+fn start(a: &MockHandle, b: &MockHandle) -> Gateway {
+    GatewayBuilder::new(config(a, b))
+        .env("CANARY_KEY", CANARY)
+        .start()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn every_proxied_response_carries_the_routing_headers() {
     let a = mock("a").await;
     let b = mock("b").await;
-    let gw = GatewayBuilder::new(config(&a, &b))
-        .env("CANARY_KEY", CANARY)
-        .start();
+    let gw = start(&a, &b);
     let r = post_chat(&gw, &chat("auto")).await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-routed-via"), "a/gpt-4o-mini-2024");
@@ -64,9 +68,7 @@ async fn every_proxied_response_carries_the_routing_headers() {
 async fn errors_have_the_openai_shape_and_stable_codes() {
     let a = mock("a").await;
     let b = mock("b").await;
-    let gw = GatewayBuilder::new(config(&a, &b))
-        .env("CANARY_KEY", CANARY)
-        .start();
+    let gw = start(&a, &b);
     let c = client();
     let post = |body: &'static str| {
         c.post(gw.url("/v1/chat/completions"))
@@ -138,9 +140,7 @@ async fn errors_have_the_openai_shape_and_stable_codes() {
 async fn models_list_names_what_callers_may_send() {
     let a = mock("a").await;
     let b = mock("b").await;
-    let gw = GatewayBuilder::new(config(&a, &b))
-        .env("CANARY_KEY", CANARY)
-        .start();
+    let gw = start(&a, &b);
     let v: serde_json::Value = client()
         .get(gw.url("/v1/models"))
         .send()
@@ -168,9 +168,7 @@ async fn models_list_names_what_callers_may_send() {
 async fn no_secret_or_upstream_detail_leaks_anywhere() {
     let a = mock("a").await;
     let b = mock("b").await;
-    let gw = GatewayBuilder::new(config(&a, &b))
-        .env("CANARY_KEY", CANARY)
-        .start();
+    let gw = start(&a, &b);
     let c = client();
     let mut seen = String::new();
     async fn record(seen: &mut String, r: reqwest::Response) {
@@ -238,9 +236,7 @@ async fn no_secret_or_upstream_detail_leaks_anywhere() {
 async fn metrics_describe_every_decision() {
     let a = mock("a").await;
     let b = mock("b").await;
-    let gw = GatewayBuilder::new(config(&a, &b))
-        .env("CANARY_KEY", CANARY)
-        .start();
+    let gw = start(&a, &b);
     post_chat(&gw, &chat("fast")).await.text().await.unwrap();
     a.set_default(status(503));
     post_chat(&gw, &chat("auto")).await.text().await.unwrap();

@@ -31,7 +31,7 @@ impl DnsRefresher {
 
     /// Resolve every provider host name once.
     pub async fn refresh(&self) {
-        let tables = self.state.tables.load_full();
+        let tables = self.state.router.tables.load_full();
         for p in tables.catalog.providers.iter().filter(|p| p.needs_dns) {
             let host = (p.base_url.host.as_str(), p.base_url.port);
             match tokio::net::lookup_host(host).await {

@@ -24,6 +24,7 @@ pub mod catalog;
 pub mod config;
 pub mod dns;
 pub mod error;
+pub mod health;
 pub mod metrics;
 // The mock provider is a test fixture, not on the gateway's request path: it may lock.
 #[allow(clippy::disallowed_types)]

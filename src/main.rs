@@ -71,8 +71,10 @@ fn main() -> ExitCode {
         tracing::warn!("{}", w.0);
     }
     if let Some(Command::Explain { model }) = &cli.command {
-        let tables = state.tables.load();
-        print!("{}", signalbox::routing::explain::explain(&tables, model));
+        print!(
+            "{}",
+            signalbox::routing::explain::explain(&state.router, model)
+        );
         return ExitCode::SUCCESS;
     }
 

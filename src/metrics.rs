@@ -54,12 +54,14 @@ pub enum Outcome {
     Timeout,
     /// The response broke after bytes reached the client.
     StreamBroken,
+    /// An empty stream or empty `choices`.
+    Empty,
     /// The client went away.
     Cancelled,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 14] = [
+    pub const ALL: [Outcome; 15] = [
         Outcome::Ok,
         Outcome::ClientError,
         Outcome::RateLimited,
@@ -73,6 +75,7 @@ impl Outcome {
         Outcome::Reset,
         Outcome::Timeout,
         Outcome::StreamBroken,
+        Outcome::Empty,
         Outcome::Cancelled,
     ];
 
@@ -91,6 +94,7 @@ impl Outcome {
             Outcome::Reset => "reset",
             Outcome::Timeout => "timeout",
             Outcome::StreamBroken => "stream_broken",
+            Outcome::Empty => "empty",
             Outcome::Cancelled => "cancelled",
         }
     }
@@ -288,6 +292,8 @@ pub struct Metrics {
     ttfb: HistogramVec,
     pub in_flight: IntGauge,
     pub config_generation: IntGauge,
+    /// Probe results, counted by the prober and exported with the health families.
+    pub probes: Arc<crate::health::probe::ProbeCounters>,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -352,7 +358,13 @@ impl Metrics {
             ttfb,
             in_flight,
             config_generation,
+            probes: Arc::default(),
         })
+    }
+
+    /// Register a collector that reads state at scrape time (health).
+    pub fn register(&self, c: Box<dyn Collector>) -> prometheus::Result<()> {
+        self.registry.register(c)
     }
 
     /// Resolve handles for a snapshot's routes and providers.

@@ -262,7 +262,11 @@ mod tests {
 
     #[test]
     fn final_errors() {
-        let plan = Plan::new(std::sync::Arc::from(Vec::new()));
+        let plan = Plan::new(
+            std::sync::Arc::from(Vec::new()),
+            crate::config::Strategy::Priority,
+            crate::routing::RequestFacts::default(),
+        );
         let mut log = FailureLog::default();
         assert_eq!(log.final_error(&plan).code, ErrorCode::NoProviderAvailable);
         log.record(Outcome::RateLimited);

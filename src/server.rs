@@ -13,19 +13,46 @@ use crate::catalog::{read_key_from_env_or_file, resolve_blocking, Catalog, Catal
 use crate::config::Config;
 use crate::dns::{DnsRefresher, REFRESH_INTERVAL};
 use crate::error::StartupError;
+use crate::health::clock::{Clock, SystemClock};
+use crate::health::export::HealthCollector;
+use crate::health::probe::{CatalogSource, ProbeService, Prober};
+use crate::health::HealthRegistry;
 use crate::metrics::Metrics;
 use crate::proxy::{Gateway, GatewayState};
-use crate::routing::Tables;
+use crate::routing::rank::RankerService;
+use crate::routing::{Router, Tables};
+use pingora_core::connectors::http::Connector;
+use pingora_core::connectors::ConnectorOptions;
 
-/// Build the shared gateway state (catalog, routing snapshot, metrics) from a config.
+/// Build the shared gateway state (catalog, routing snapshot, health, metrics) from a config.
 pub fn build_state(
     config: &Config,
 ) -> Result<(Arc<GatewayState>, Vec<CatalogWarning>), StartupError> {
+    build_state_with_clock(config, Arc::new(SystemClock::new()))
+}
+
+/// As [`build_state`], with the clock health logic reads.
+pub fn build_state_with_clock(
+    config: &Config,
+    clock: Arc<dyn Clock>,
+) -> Result<(Arc<GatewayState>, Vec<CatalogWarning>), StartupError> {
     let (catalog, warnings) =
         Catalog::build(config, &resolve_blocking, &read_key_from_env_or_file)?;
+    let catalog = Arc::new(catalog);
     let metrics = Arc::new(Metrics::new()?);
-    let tables = Tables::build(config, Arc::new(catalog), &metrics, 1);
-    Ok((Arc::new(GatewayState::new(tables, metrics)), warnings))
+    let health = Arc::new(HealthRegistry::new(&catalog, config.health, clock));
+    let tables = Tables::build(config, catalog, &metrics, 1);
+    let router = Arc::new(Router::new(tables, health));
+    let catalog_source: CatalogSource = {
+        let router = router.clone();
+        Arc::new(move || router.tables.load().catalog.clone())
+    };
+    metrics.register(Box::new(HealthCollector::new(
+        router.health.clone(),
+        catalog_source,
+        metrics.probes.clone(),
+    )?))?;
+    Ok((Arc::new(GatewayState::new(router, metrics)), warnings))
 }
 
 /// Pingora's server settings from the `pingora:` section. Unset values keep Pingora's
@@ -92,10 +119,37 @@ pub fn build_server(
     let mut admin = Service::new("signalbox admin".to_string(), AdminApp::new(state.clone()));
     admin.add_tcp(&config.listen.admin);
 
-    let dns = background_service("signalbox dns", DnsRefresher::new(state, REFRESH_INTERVAL));
+    let dns = background_service(
+        "signalbox dns",
+        DnsRefresher::new(state.clone(), REFRESH_INTERVAL),
+    );
+    let router = state.router.clone();
+    let ranker = background_service(
+        "signalbox ranker",
+        RankerService::new(router.clone(), config.routing.rank_interval),
+    );
+    let catalog_source: CatalogSource = {
+        let router = router.clone();
+        Arc::new(move || router.tables.load().catalog.clone())
+    };
+    let connector = Arc::new(Connector::new(Some(ConnectorOptions::from_server_conf(
+        &server.configuration,
+    ))));
+    let prober = Prober::new(
+        router.health.clone(),
+        catalog_source,
+        connector,
+        state.metrics.probes.clone(),
+    );
+    let probes = background_service(
+        "signalbox probes",
+        ProbeService::new(prober, config.health.probe_interval),
+    );
 
     server.add_service(proxy);
     server.add_service(admin);
     server.add_service(dns);
+    server.add_service(ranker);
+    server.add_service(probes);
     server
 }

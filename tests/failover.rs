@@ -10,11 +10,17 @@ use std::time::{Duration, Instant};
 use common::*;
 use signalbox::mock::{Behaviour, MockHandle};
 
+/// Breakers effectively off: these tests look at one request's failover, so what earlier
+/// requests taught the health registry must not change the next plan (the health tests cover
+/// that).
+const NO_BREAKERS: &str =
+    "health: { failure_threshold: 1000, bench_after: 64, cooldown: 1ms, respect_retry_after: false }\n";
+
 /// Model `m` served by `a` first, then `b`. `a_extra` is added to a's provider entry.
 fn config(a_url: &str, a_extra: &str, b: &MockHandle) -> String {
     format!(
         "providers:\n  a: {{ kind: openai, base_url: \"{a_url}\", priority: 1 {a_extra} }}\n{}\
-         models:\n  m:\n    deployments:\n      - {{ provider: a, model: up-a }}\n      - {{ provider: b, model: up-b }}\n",
+         models:\n  m:\n    deployments:\n      - {{ provider: a, model: up-a }}\n      - {{ provider: b, model: up-b }}\n{NO_BREAKERS}",
         provider("b", b).replace("}\n", ", priority: 2 }\n"),
     )
 }

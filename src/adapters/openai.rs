@@ -20,7 +20,17 @@ use crate::error::error_json;
 const WANT_MODEL: usize = 0;
 const WANT_STREAM: usize = 1;
 const WANT_ROUTING: usize = 2;
-const REQUEST_KEYS: &[&[u8]] = &[b"model", b"stream", b"routing"];
+const WANT_MESSAGES: usize = 3;
+const WANT_MAX_TOKENS: usize = 4;
+const WANT_MAX_COMPLETION_TOKENS: usize = 5;
+const REQUEST_KEYS: &[&[u8]] = &[
+    b"model",
+    b"stream",
+    b"routing",
+    b"messages",
+    b"max_tokens",
+    b"max_completion_tokens",
+];
 
 /// Why a request body cannot be routed. Messages are signalbox's own.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +85,10 @@ pub struct ChatRequest {
     pub routing: Option<RoutingOverride>,
     /// Bytes to delete to strip `routing`.
     routing_removal: Option<Range<usize>>,
+    /// The `messages` value (the prompt), if present.
+    messages: Option<Range<usize>>,
+    /// `max_completion_tokens` or `max_tokens`, when a plain non-negative integer.
+    pub max_tokens: Option<u64>,
 }
 
 impl ChatRequest {
@@ -126,13 +140,30 @@ impl ChatRequest {
                 (Some(routing), Some(scan.removal_range(&m.span)))
             }
         };
+        let int_of = |w: usize| {
+            scan.get(w)
+                .and_then(|m| std::str::from_utf8(&body[m.value.clone()]).ok())
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        let max_tokens = int_of(WANT_MAX_COMPLETION_TOKENS).or_else(|| int_of(WANT_MAX_TOKENS));
+        let messages = scan.get(WANT_MESSAGES).map(|m| m.value.clone());
         Ok(Self {
             model: model.value.clone(),
-            body,
             stream,
             routing,
             routing_removal,
+            messages,
+            max_tokens,
+            body,
         })
+    }
+
+    /// The prompt as raw JSON (the `messages` value), or the whole body without one.
+    pub fn prompt(&self) -> &[u8] {
+        match &self.messages {
+            Some(r) => &self.body[r.clone()],
+            None => &self.body,
+        }
     }
 
     /// The model name the caller sent (decoded).

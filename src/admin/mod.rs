@@ -1,6 +1,8 @@
-//! The admin listener (loopback by default): `/metrics` in Prometheus text and `/healthz`
-//! for liveness. Separate from the proxy listener so scraping never competes with traffic
+//! The admin listener (loopback by default): `/metrics` in Prometheus text, `/healthz` for
+//! liveness and `/admin/health` for the health of every target. Separate from the proxy listener so scraping never competes with traffic
 //! routing rules and is never exposed where the proxy port is.
+
+pub mod health;
 
 use std::sync::Arc;
 
@@ -44,7 +46,7 @@ impl ServeHttp for AdminApp {
                 self.state.metrics.render().into_bytes(),
             ),
             "/healthz" => {
-                let generation = self.state.tables.load().generation;
+                let generation = self.state.router.tables.load().generation;
                 response(
                     200,
                     "application/json",
@@ -52,6 +54,11 @@ impl ServeHttp for AdminApp {
                         .into_bytes(),
                 )
             }
+            "/admin/health" => response(
+                200,
+                "application/json",
+                health::render(&self.state.router).to_string().into_bytes(),
+            ),
             _ => response(
                 404,
                 "application/json",

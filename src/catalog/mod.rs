@@ -20,9 +20,13 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{HeaderValue, Uri};
 use pingora_core::protocols::tls::CaType;
+use pingora_core::protocols::ALPN;
+use pingora_core::upstreams::peer::HttpPeer;
 use pingora_core::utils::tls::{parse_x509, WrappedX509};
 
-use crate::config::{BaseUrl, Capabilities, Config, KeySource, Price, ProviderKind, Scheme};
+use crate::config::{
+    BaseUrl, Capabilities, Config, KeySource, Price, ProviderKind, Scheme, Strategy,
+};
 use crate::secret::Secret;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -132,9 +136,29 @@ pub struct Provider {
     pub enabled: bool,
 }
 
+/// How long an idle upstream connection stays pooled.
+pub const UPSTREAM_IDLE: Duration = Duration::from_secs(60);
+
 impl Provider {
     pub fn has_usable_credential(&self) -> bool {
         self.credentials.iter().any(|c| c.usable)
+    }
+
+    /// An `HttpPeer` for this provider on its next resolved address: TLS and SNI from the
+    /// base URL, the provider's CA, connect and read deadlines. `None` while the host has no
+    /// address. Never resolves DNS itself (Pingora's `HttpPeer::new` would, blocking).
+    pub fn peer(&self) -> Option<HttpPeer> {
+        let addr = self.addrs.pick()?;
+        let mut peer = HttpPeer::new(addr, self.tls, self.sni.clone());
+        peer.options.connection_timeout = Some(self.connect_timeout);
+        peer.options.total_connection_timeout = Some(self.connect_timeout);
+        // Per read: the header deadline, and the longest gap allowed between stream chunks.
+        peer.options.read_timeout = Some(self.ttfb_timeout);
+        peer.options.write_timeout = Some(self.ttfb_timeout);
+        peer.options.idle_timeout = Some(UPSTREAM_IDLE);
+        peer.options.alpn = ALPN::H1;
+        peer.options.ca.clone_from(&self.ca);
+        Some(peer)
     }
 }
 
@@ -150,6 +174,7 @@ pub struct Model {
     /// Deployments in priority order (stable: ties keep the configured order).
     pub deployments: Vec<DeploymentIdx>,
     pub enabled: bool,
+    pub strategy: Strategy,
 }
 
 /// One way to serve a model: a provider and the upstream model name it knows it by.
@@ -169,6 +194,9 @@ pub struct Deployment {
     pub model_header: HeaderValue,
     pub priority: i32,
     pub price: Option<Price>,
+    /// Share under the `weighted` strategy; `None` = only in the failure order.
+    pub weight: Option<f64>,
+    pub rpm: Option<u32>,
 }
 
 /// The immutable catalog.
@@ -304,6 +332,8 @@ impl Catalog {
                     model_header: model_header.clone(),
                     priority: d.priority,
                     price: d.price,
+                    weight: d.weight,
+                    rpm: d.rpm,
                 });
                 own.push(di);
             }
@@ -318,6 +348,7 @@ impl Catalog {
                 capabilities: m.capabilities,
                 deployments: own,
                 enabled: m.enabled,
+                strategy: m.strategy,
             });
         }
 
@@ -351,6 +382,8 @@ impl Deployment {
             model_header: HeaderValue::from_str(upstream_model).ok()?,
             priority: crate::config::validate::DEFAULT_PRIORITY,
             price: None,
+            weight: None,
+            rpm: None,
         })
     }
 }

@@ -11,8 +11,9 @@ use std::fmt;
 use std::path::Path;
 
 pub use validate::{
-    BaseUrl, Capabilities, ChainConfig, Config, CredentialConfig, DeploymentConfig, Failover,
-    KeySource, Limits, Listen, ModelConfig, Price, ProviderConfig, ProviderKind, Scheme,
+    BaseUrl, Capabilities, ChainConfig, Config, CredentialConfig, DegradedPolicy, DeploymentConfig,
+    Failover, HealthPolicy, KeySource, Limits, Listen, ModelConfig, Price, ProviderConfig,
+    ProviderKind, RoutingKnobs, Scheme, Strategy, Weights,
 };
 
 /// One problem in a config file, with the key path it concerns.

@@ -29,6 +29,10 @@ pub struct ConfigFile {
     #[serde(default)]
     pub limits: LimitsSection,
     #[serde(default)]
+    pub health: HealthSection,
+    #[serde(default)]
+    pub routing: RoutingSection,
+    #[serde(default)]
     pub pingora: PingoraSection,
 }
 
@@ -120,6 +124,9 @@ pub struct ModelSection {
     pub deployments: Vec<DeploymentSection>,
     #[serde(default = "default_true")]
     pub enabled: bool,
+    /// How this model's deployments are ordered (default `priority_cheapest`).
+    #[serde(default)]
+    pub strategy: Option<String>,
 }
 
 pub fn default_capability() -> u8 {
@@ -139,6 +146,12 @@ pub struct DeploymentSection {
     pub price: Option<PriceSection>,
     #[serde(default)]
     pub priority: Option<i32>,
+    /// Share of traffic under the `weighted` strategy (any positive scale).
+    #[serde(default)]
+    pub weight: Option<f64>,
+    /// Requests per minute this deployment may take; drives the headroom factor.
+    #[serde(default)]
+    pub rpm: Option<u32>,
 }
 
 #[derive(Debug, Deserialize, Clone, Copy)]
@@ -216,6 +229,167 @@ pub fn default_max_request_headers() -> SizeValue {
 pub enum SizeValue {
     Bytes(u64),
     Text(String),
+}
+
+/// Breakers, cooldowns, benching, probes and degraded mode.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthSection {
+    #[serde(default = "default_failure_threshold")]
+    pub failure_threshold: u32,
+    #[serde(default = "default_cooldown")]
+    pub cooldown: String,
+    #[serde(default = "default_max_ejection")]
+    pub max_ejection: String,
+    #[serde(default = "default_restore_health")]
+    pub restore_health: f64,
+    #[serde(default)]
+    pub health_threshold: f64,
+    #[serde(default = "default_true")]
+    pub respect_retry_after: bool,
+    #[serde(default = "default_probe_interval")]
+    pub probe_interval: String,
+    #[serde(default = "default_bench_after")]
+    pub bench_after: u32,
+    #[serde(default = "default_bench_window")]
+    pub bench_window: String,
+    #[serde(default = "default_bench_for")]
+    pub bench_for: String,
+    #[serde(default = "default_success_window")]
+    pub success_window: String,
+    #[serde(default)]
+    pub degraded: DegradedSection,
+}
+
+impl Default for HealthSection {
+    fn default() -> Self {
+        Self {
+            failure_threshold: default_failure_threshold(),
+            cooldown: default_cooldown(),
+            max_ejection: default_max_ejection(),
+            restore_health: default_restore_health(),
+            health_threshold: 0.0,
+            respect_retry_after: true,
+            probe_interval: default_probe_interval(),
+            bench_after: default_bench_after(),
+            bench_window: default_bench_window(),
+            bench_for: default_bench_for(),
+            success_window: default_success_window(),
+            degraded: DegradedSection::default(),
+        }
+    }
+}
+
+pub fn default_failure_threshold() -> u32 {
+    3
+}
+pub fn default_cooldown() -> String {
+    "30s".to_string()
+}
+pub fn default_max_ejection() -> String {
+    "5m".to_string()
+}
+pub fn default_restore_health() -> f64 {
+    0.5
+}
+pub fn default_probe_interval() -> String {
+    "15s".to_string()
+}
+pub fn default_bench_after() -> u32 {
+    3
+}
+pub fn default_bench_window() -> String {
+    "15m".to_string()
+}
+pub fn default_bench_for() -> String {
+    "10m".to_string()
+}
+pub fn default_success_window() -> String {
+    "60s".to_string()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DegradedSection {
+    #[serde(default = "default_healthy_ratio")]
+    pub healthy_ratio: f64,
+    #[serde(default = "default_min_providers")]
+    pub min_providers: u32,
+    #[serde(default = "default_entry_grace")]
+    pub entry_grace: String,
+    #[serde(default = "default_exit_grace")]
+    pub exit_grace: String,
+}
+
+impl Default for DegradedSection {
+    fn default() -> Self {
+        Self {
+            healthy_ratio: default_healthy_ratio(),
+            min_providers: default_min_providers(),
+            entry_grace: default_entry_grace(),
+            exit_grace: default_exit_grace(),
+        }
+    }
+}
+
+pub fn default_healthy_ratio() -> f64 {
+    0.5
+}
+pub fn default_min_providers() -> u32 {
+    3
+}
+pub fn default_entry_grace() -> String {
+    "60s".to_string()
+}
+pub fn default_exit_grace() -> String {
+    "120s".to_string()
+}
+
+/// Knobs of the ranking strategies.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingSection {
+    /// How often the ranker rebuilds the scored tables (also on every breaker transition).
+    #[serde(default = "default_rank_interval")]
+    pub rank_interval: String,
+    /// Lifetime of a sticky session (`x-llm-session`).
+    #[serde(default = "default_session_ttl")]
+    pub session_ttl: String,
+    /// Prompt bytes hashed by `prefix_affinity`.
+    #[serde(default = "default_prefix_bytes")]
+    pub prefix_bytes: usize,
+    /// Weights of the `custom` strategy.
+    #[serde(default)]
+    pub custom_weights: Option<WeightsSection>,
+}
+
+impl Default for RoutingSection {
+    fn default() -> Self {
+        Self {
+            rank_interval: default_rank_interval(),
+            session_ttl: default_session_ttl(),
+            prefix_bytes: default_prefix_bytes(),
+            custom_weights: None,
+        }
+    }
+}
+
+pub fn default_rank_interval() -> String {
+    "250ms".to_string()
+}
+pub fn default_session_ttl() -> String {
+    "10m".to_string()
+}
+pub fn default_prefix_bytes() -> usize {
+    1024
+}
+
+#[derive(Debug, Deserialize, Clone, Copy)]
+#[serde(deny_unknown_fields)]
+pub struct WeightsSection {
+    pub reliability: f64,
+    pub speed: f64,
+    pub capability: f64,
 }
 
 /// The subset of Pingora's `ServerConf` that signalbox exposes. Pingora's own loader ignores

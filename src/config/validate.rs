@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::schema::{
-    CapabilitySection, ConfigFile, CredentialSection, DeploymentSection, ModelSection,
-    PingoraSection, ProviderKindSection, ProviderSection, SizeValue,
+    CapabilitySection, ConfigFile, CredentialSection, DeploymentSection, HealthSection,
+    ModelSection, PingoraSection, ProviderKindSection, ProviderSection, RoutingSection, SizeValue,
 };
 use super::{ConfigError, ConfigErrors};
 
@@ -36,7 +36,197 @@ pub struct Config {
     pub active_chain: Option<usize>,
     pub failover: Failover,
     pub limits: Limits,
+    pub health: HealthPolicy,
+    pub routing: RoutingKnobs,
     pub pingora: PingoraSection,
+}
+
+/// How candidates are ordered. DESIGN §4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// A chain's configured order.
+    Chain,
+    Priority,
+    PriorityCheapest,
+    Cheapest,
+    Fastest,
+    /// `highest_availability` / `reliable`.
+    Reliable,
+    Balanced,
+    Smartest,
+    Custom,
+    RoundRobin,
+    Random,
+    LeastInflight,
+    P2cEwma,
+    /// `weighted` / `canary`.
+    Weighted,
+    PrefixAffinity,
+}
+
+impl Strategy {
+    pub const ALL: [Strategy; 15] = [
+        Strategy::Chain,
+        Strategy::Priority,
+        Strategy::PriorityCheapest,
+        Strategy::Cheapest,
+        Strategy::Fastest,
+        Strategy::Reliable,
+        Strategy::Balanced,
+        Strategy::Smartest,
+        Strategy::Custom,
+        Strategy::RoundRobin,
+        Strategy::Random,
+        Strategy::LeastInflight,
+        Strategy::P2cEwma,
+        Strategy::Weighted,
+        Strategy::PrefixAffinity,
+    ];
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "chain" => Strategy::Chain,
+            "priority" => Strategy::Priority,
+            "priority_cheapest" => Strategy::PriorityCheapest,
+            "cheapest" => Strategy::Cheapest,
+            "fastest" | "latency" => Strategy::Fastest,
+            "highest_availability" | "reliable" => Strategy::Reliable,
+            "balanced" => Strategy::Balanced,
+            "smartest" => Strategy::Smartest,
+            "custom" => Strategy::Custom,
+            "round_robin" => Strategy::RoundRobin,
+            "random" => Strategy::Random,
+            "least_inflight" => Strategy::LeastInflight,
+            "p2c_ewma" => Strategy::P2cEwma,
+            "weighted" | "canary" => Strategy::Weighted,
+            "prefix_affinity" => Strategy::PrefixAffinity,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Chain => "chain",
+            Strategy::Priority => "priority",
+            Strategy::PriorityCheapest => "priority_cheapest",
+            Strategy::Cheapest => "cheapest",
+            Strategy::Fastest => "fastest",
+            Strategy::Reliable => "reliable",
+            Strategy::Balanced => "balanced",
+            Strategy::Smartest => "smartest",
+            Strategy::Custom => "custom",
+            Strategy::RoundRobin => "round_robin",
+            Strategy::Random => "random",
+            Strategy::LeastInflight => "least_inflight",
+            Strategy::P2cEwma => "p2c_ewma",
+            Strategy::Weighted => "weighted",
+            Strategy::PrefixAffinity => "prefix_affinity",
+        }
+    }
+
+    /// Strategies that pick the first candidate per request among equivalent ones.
+    pub fn is_load_balancing(self) -> bool {
+        matches!(
+            self,
+            Strategy::RoundRobin
+                | Strategy::Random
+                | Strategy::LeastInflight
+                | Strategy::P2cEwma
+                | Strategy::Weighted
+                | Strategy::PrefixAffinity
+        )
+    }
+}
+
+/// Blend weights of the scored strategies (`w_r·reliability + w_s·speed + w_c·capability`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Weights {
+    pub reliability: f64,
+    pub speed: f64,
+    pub capability: f64,
+}
+
+impl Weights {
+    pub const BALANCED: Weights = Weights {
+        reliability: 0.5,
+        speed: 0.25,
+        capability: 0.25,
+    };
+    pub const SMARTEST: Weights = Weights {
+        reliability: 0.2,
+        speed: 0.1,
+        capability: 0.7,
+    };
+}
+
+/// Breakers, cooldowns, benching, probes and degraded mode (DESIGN §5).
+#[derive(Debug, Clone, Copy)]
+pub struct HealthPolicy {
+    pub failure_threshold: u32,
+    pub cooldown: Duration,
+    /// `None` = uncapped.
+    pub max_ejection: Option<Duration>,
+    pub restore_health: f64,
+    /// Success-rate floor; `0` = off.
+    pub health_threshold: f64,
+    pub respect_retry_after: bool,
+    pub probe_interval: Duration,
+    pub bench_after: u32,
+    pub bench_window: Duration,
+    pub bench_for: Duration,
+    pub success_window: Duration,
+    pub degraded: DegradedPolicy,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct DegradedPolicy {
+    pub healthy_ratio: f64,
+    pub min_providers: u32,
+    pub entry_grace: Duration,
+    pub exit_grace: Duration,
+}
+
+impl Default for HealthPolicy {
+    fn default() -> Self {
+        Self {
+            failure_threshold: 3,
+            cooldown: Duration::from_secs(30),
+            max_ejection: Some(Duration::from_secs(300)),
+            restore_health: 0.5,
+            health_threshold: 0.0,
+            respect_retry_after: true,
+            probe_interval: Duration::from_secs(15),
+            bench_after: 3,
+            bench_window: Duration::from_secs(900),
+            bench_for: Duration::from_secs(600),
+            success_window: Duration::from_secs(60),
+            degraded: DegradedPolicy {
+                healthy_ratio: 0.5,
+                min_providers: 3,
+                entry_grace: Duration::from_secs(60),
+                exit_grace: Duration::from_secs(120),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct RoutingKnobs {
+    pub rank_interval: Duration,
+    pub session_ttl: Duration,
+    pub prefix_bytes: usize,
+    pub custom_weights: Weights,
+}
+
+impl Default for RoutingKnobs {
+    fn default() -> Self {
+        Self {
+            rank_interval: Duration::from_millis(250),
+            session_ttl: Duration::from_secs(600),
+            prefix_bytes: 1024,
+            custom_weights: Weights::BALANCED,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -133,6 +323,9 @@ pub struct DeploymentConfig {
     pub upstream_model: String,
     pub price: Option<Price>,
     pub priority: i32,
+    /// Normalised by the `weighted` strategy; `None` = only in the failure order.
+    pub weight: Option<f64>,
+    pub rpm: Option<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -143,6 +336,7 @@ pub struct ModelConfig {
     pub capabilities: Capabilities,
     pub deployments: Vec<DeploymentConfig>,
     pub enabled: bool,
+    pub strategy: Strategy,
 }
 
 #[derive(Debug, Clone)]
@@ -295,6 +489,8 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
     };
 
     validate_pingora(&file.pingora, &mut errs);
+    let health = validate_health(&file.health, &mut errs);
+    let routing = validate_routing(&file.routing, &mut errs);
 
     if errs.is_empty() {
         Ok(Config {
@@ -306,6 +502,8 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
             active_chain,
             failover,
             limits,
+            health,
+            routing,
             pingora: file.pingora,
         })
     } else {
@@ -520,6 +718,32 @@ fn validate_model(
             deployments.push(dep);
         }
     }
+    let strategy = match &s.strategy {
+        None => Strategy::PriorityCheapest,
+        Some(name) => Strategy::parse(name).unwrap_or_else(|| {
+            errs.push(ConfigError::new(
+                format!("{path}.strategy"),
+                format!("unknown strategy {name:?}; one of {}", strategy_names()),
+            ));
+            Strategy::PriorityCheapest
+        }),
+    };
+    if strategy == Strategy::Weighted
+        && !deployments
+            .iter()
+            .any(|d| d.weight.is_some_and(|w| w > 0.0))
+    {
+        errs.push(ConfigError::new(
+            format!("{path}.strategy"),
+            "the weighted strategy needs at least one deployment with a positive weight",
+        ));
+    }
+    if strategy == Strategy::Chain {
+        errs.push(ConfigError::new(
+            format!("{path}.strategy"),
+            "`chain` orders chains; a model's deployments use priority or another strategy",
+        ));
+    }
     ModelConfig {
         name: name.to_string(),
         capability: s.capability,
@@ -527,7 +751,16 @@ fn validate_model(
         capabilities,
         deployments,
         enabled: s.enabled,
+        strategy,
     }
+}
+
+fn strategy_names() -> String {
+    Strategy::ALL
+        .iter()
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn validate_deployment(
@@ -566,6 +799,17 @@ fn validate_deployment(
             ));
         }
     }
+    if let Some(w) = d.weight {
+        if !w.is_finite() || w < 0.0 {
+            errs.push(ConfigError::new(
+                format!("{path}.weight"),
+                "weights must be finite and not negative",
+            ));
+        }
+    }
+    if d.rpm == Some(0) {
+        errs.push(ConfigError::new(format!("{path}.rpm"), "must be positive"));
+    }
     let provider = provider?;
     Some(DeploymentConfig {
         provider,
@@ -576,6 +820,8 @@ fn validate_deployment(
                 .get(provider)
                 .map_or(DEFAULT_PRIORITY, |p| p.priority)
         }),
+        weight: d.weight,
+        rpm: d.rpm,
     })
 }
 
@@ -596,6 +842,109 @@ fn validate_pingora(p: &PingoraSection, errs: &mut Vec<ConfigError>) {
                 format!("{ca:?} is not a readable file"),
             ));
         }
+    }
+}
+
+fn validate_health(h: &HealthSection, errs: &mut Vec<ConfigError>) -> HealthPolicy {
+    let d = HealthPolicy::default();
+    if h.failure_threshold == 0 {
+        errs.push(ConfigError::new(
+            "health.failure_threshold",
+            "must be at least 1",
+        ));
+    }
+    let unit = |v: f64| v.is_finite() && (0.0..=1.0).contains(&v);
+    if !unit(h.restore_health) || h.restore_health == 0.0 {
+        errs.push(ConfigError::new(
+            "health.restore_health",
+            "must be greater than 0 and at most 1",
+        ));
+    }
+    if !unit(h.health_threshold) {
+        errs.push(ConfigError::new(
+            "health.health_threshold",
+            "must be between 0 (off) and 1",
+        ));
+    }
+    if h.bench_after == 0 || h.bench_after > 64 {
+        errs.push(ConfigError::new(
+            "health.bench_after",
+            "must be between 1 and 64",
+        ));
+    }
+    if !unit(h.degraded.healthy_ratio) {
+        errs.push(ConfigError::new(
+            "health.degraded.healthy_ratio",
+            "must be between 0 and 1",
+        ));
+    }
+    let max_ejection =
+        parse_duration(&h.max_ejection, "health.max_ejection", errs).unwrap_or(Duration::ZERO);
+    HealthPolicy {
+        failure_threshold: h.failure_threshold.max(1),
+        cooldown: positive_duration(&h.cooldown, "health.cooldown", errs),
+        max_ejection: (!max_ejection.is_zero()).then_some(max_ejection),
+        restore_health: h.restore_health.clamp(0.001, 1.0),
+        health_threshold: h.health_threshold.clamp(0.0, 1.0),
+        respect_retry_after: h.respect_retry_after,
+        probe_interval: positive_duration(&h.probe_interval, "health.probe_interval", errs),
+        bench_after: h.bench_after.clamp(1, 64),
+        bench_window: positive_duration(&h.bench_window, "health.bench_window", errs),
+        bench_for: positive_duration(&h.bench_for, "health.bench_for", errs),
+        success_window: positive_duration(&h.success_window, "health.success_window", errs),
+        degraded: DegradedPolicy {
+            healthy_ratio: h.degraded.healthy_ratio.clamp(0.0, 1.0),
+            min_providers: h.degraded.min_providers,
+            entry_grace: parse_duration(
+                &h.degraded.entry_grace,
+                "health.degraded.entry_grace",
+                errs,
+            )
+            .unwrap_or(d.degraded.entry_grace),
+            exit_grace: parse_duration(&h.degraded.exit_grace, "health.degraded.exit_grace", errs)
+                .unwrap_or(d.degraded.exit_grace),
+        },
+    }
+}
+
+fn validate_routing(r: &RoutingSection, errs: &mut Vec<ConfigError>) -> RoutingKnobs {
+    let rank_interval = positive_duration(&r.rank_interval, "routing.rank_interval", errs);
+    if rank_interval > Duration::from_secs(10) {
+        errs.push(ConfigError::new(
+            "routing.rank_interval",
+            "at most 10s: the scored tables must follow health closely",
+        ));
+    }
+    if r.prefix_bytes == 0 {
+        errs.push(ConfigError::new("routing.prefix_bytes", "must be positive"));
+    }
+    let custom_weights = match r.custom_weights {
+        None => Weights::BALANCED,
+        Some(w) => {
+            let parts = [w.reliability, w.speed, w.capability];
+            if parts.iter().any(|v| !v.is_finite() || *v < 0.0) || parts.iter().sum::<f64>() <= 0.0
+            {
+                errs.push(ConfigError::new(
+                    "routing.custom_weights",
+                    "weights must be finite, not negative, and not all zero",
+                ));
+                Weights::BALANCED
+            } else {
+                // Normalised to sum to one.
+                let sum: f64 = parts.iter().sum();
+                Weights {
+                    reliability: w.reliability / sum,
+                    speed: w.speed / sum,
+                    capability: w.capability / sum,
+                }
+            }
+        }
+    };
+    RoutingKnobs {
+        rank_interval,
+        session_ttl: positive_duration(&r.session_ttl, "routing.session_ttl", errs),
+        prefix_bytes: r.prefix_bytes.max(1),
+        custom_weights,
     }
 }
 

@@ -15,10 +15,11 @@ use http::HeaderValue;
 use crate::adapters::openai::{ChatRequest, ResponseRewriter, StreamStats};
 use crate::catalog::ProviderIdx;
 use crate::error::GatewayError;
+use crate::health::{InflightGuard, Observation};
 use crate::metrics::Outcome;
 use crate::retry::FailureLog;
 use crate::routing::plan::{Advance, Plan, Target};
-use crate::routing::{RouteIdx, Tables};
+use crate::routing::{RouteIdx, Router, Tables};
 
 /// One upstream call.
 #[derive(Debug, Clone, Copy)]
@@ -45,6 +46,7 @@ pub struct AttemptRecord {
 pub struct RequestCtx {
     pub started: Instant,
     pub request_id: HeaderValue,
+    pub router: Option<Arc<Router>>,
     pub tables: Option<Arc<Tables>>,
     pub route: Option<RouteIdx>,
     pub request: Option<ChatRequest>,
@@ -54,6 +56,14 @@ pub struct RequestCtx {
     /// A target to call again because its pooled connection was stale (not a failover).
     pub retry_same: bool,
     pub current: Option<Attempt>,
+    /// Holds the current attempt's in-flight count (and probe slot) in the health registry.
+    pub guard: Option<InflightGuard>,
+    /// The provider's `Retry-After` on the current attempt's failure status, clamped.
+    pub retry_after: Option<Duration>,
+    /// Hash of `x-llm-session`, when the caller sent one.
+    pub session: Option<u64>,
+    /// The first attempt took a half-open probe slot (the selected target was not healthy).
+    pub first_was_probe: bool,
     /// Upstream calls made (`x-llm-attempts`).
     pub attempts: u32,
     pub first_attempt_at: Option<Instant>,
@@ -84,6 +94,7 @@ impl RequestCtx {
         Self {
             started: Instant::now(),
             request_id: next_request_id(),
+            router: None,
             tables: None,
             route: None,
             request: None,
@@ -91,6 +102,10 @@ impl RequestCtx {
             pending: None,
             retry_same: false,
             current: None,
+            guard: None,
+            retry_after: None,
+            session: None,
+            first_was_probe: false,
             attempts: 0,
             first_attempt_at: None,
             status_outcome: None,
@@ -109,20 +124,33 @@ impl RequestCtx {
         }
     }
 
-    /// Close the current attempt with an outcome.
+    /// Close the current attempt with an outcome: log it and record it in the health registry.
     pub fn finish_attempt(&mut self, outcome: Outcome) {
+        let retry_after = self.retry_after.take();
         if let Some(a) = self.current.take() {
             let now = Instant::now();
             if let Some(prev) = self.log.last_mut() {
                 prev.followed = true;
             }
+            let ttfb = a.header_at.map(|h| h.duration_since(a.started));
+            let duration = now.duration_since(a.started);
             self.log.push(AttemptRecord {
                 provider: a.provider,
                 outcome,
-                ttfb: a.header_at.map(|h| h.duration_since(a.started)),
-                duration: now.duration_since(a.started),
+                ttfb,
+                duration,
                 followed: false,
             });
+            if let Some(guard) = self.guard.take() {
+                guard.finish(Observation {
+                    outcome,
+                    ttfb,
+                    latency: (outcome == Outcome::Ok).then_some(duration),
+                    output_tokens: self.stream.usage.map(|u| u.completion_tokens),
+                    retry_after,
+                    probe: false,
+                });
+            }
         }
     }
 }

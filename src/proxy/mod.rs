@@ -28,11 +28,9 @@ pub mod respond;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use http::{header, Method};
-use pingora_core::protocols::ALPN;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType};
 use pingora_http::{RequestHeader, ResponseHeader};
@@ -42,27 +40,38 @@ use crate::adapters::openai::{sse_error_event, ChatRequest, ResponseRewriter};
 use crate::error::{ErrorCode, GatewayError};
 use crate::metrics::{status_class_index, Metrics, Outcome};
 use crate::retry::{self, StatusVerdict};
-use crate::routing::plan::{Advance, Plan};
-use crate::routing::{resolve, Resolution, ResolveError, Tables};
+use crate::routing::plan::{prefix_hash, splitmix64, Advance, Plan, PlanEnv, RequestFacts};
+use crate::routing::scoring::rank;
+use crate::routing::session::stable_hash;
+use crate::routing::{resolve, Resolution, ResolveError, Router, Strategy, Tables};
 
 use self::body::{BodyError, Framing};
 use self::ctx::{Attempt, RequestCtx};
 
-/// State shared by every request: the routing snapshot and the metric families.
+/// State shared by every request: routing (snapshot, rankings, health, sessions) and the
+/// metric families.
 pub struct GatewayState {
-    pub tables: ArcSwap<Tables>,
+    pub router: Arc<Router>,
     pub metrics: Arc<Metrics>,
 }
 
 impl GatewayState {
-    pub fn new(tables: Tables, metrics: Arc<Metrics>) -> Self {
+    pub fn new(router: Arc<Router>, metrics: Arc<Metrics>) -> Self {
+        let generation = router.tables.load().generation;
         metrics
             .config_generation
-            .set(i64::try_from(tables.generation).unwrap_or(0));
-        Self {
-            tables: ArcSwap::from_pointee(tables),
-            metrics,
-        }
+            .set(i64::try_from(generation).unwrap_or(0));
+        Self { router, metrics }
+    }
+}
+
+/// The plan's view of the world for one decision.
+fn plan_env<'a>(router: &'a Router, tables: &'a Tables) -> PlanEnv<'a> {
+    PlanEnv {
+        catalog: &tables.catalog,
+        health: &router.health,
+        now_ms: router.health.now_ms(),
+        degraded: router.health.degraded.is_degraded(),
     }
 }
 
@@ -88,8 +97,8 @@ const CLIENT_AUTH_HEADERS: &[&str] = &[
 const DROPPED_RESPONSE_HEADERS: &[&str] = &["set-cookie", "openai-organization", "openai-project"];
 /// Cap on an upstream `Retry-After` relayed to callers.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(3600);
-/// How long an idle upstream connection stays pooled.
-const UPSTREAM_IDLE: Duration = Duration::from_secs(60);
+/// Output tokens assumed when the request does not say (`max_tokens`).
+const DEFAULT_OUTPUT_TOKENS: u64 = 256;
 
 fn gateway_error(code: ErrorCode, message: &'static str) -> GatewayError {
     GatewayError::new(code, message)
@@ -102,9 +111,11 @@ impl Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora_error::Result<bool> {
-        let tables = self.state.tables.load_full();
+        let router = self.state.router.clone();
+        let tables = router.tables.load_full();
         ctx.route = Some(tables.unresolved);
         ctx.tables = Some(tables.clone());
+        ctx.router = Some(router.clone());
         self.state.metrics.in_flight.inc();
         ctx.in_flight = true;
 
@@ -201,20 +212,80 @@ impl Gateway {
             }
         };
         drop(model);
-        ctx.route = Some(resolution.route());
+        let route_idx = resolution.route();
+        ctx.route = Some(route_idx);
+        let route = tables.route(route_idx);
+
+        // Per-request facts for the lead decision.
+        let strategy = match request.routing.as_ref().and_then(|r| r.strategy.as_deref()) {
+            None => route.strategy,
+            Some(name) => match Strategy::parse(name) {
+                Some(s) => s,
+                None => {
+                    let err = GatewayError::new(
+                        ErrorCode::InvalidRequest,
+                        format!("`routing.strategy`: unknown strategy {:?}", truncate(name)),
+                    );
+                    return self.refuse(session, ctx, err).await;
+                }
+            },
+        };
+        ctx.session = session
+            .req_header()
+            .headers
+            .get("x-llm-session")
+            .filter(|v| !v.is_empty() && v.len() <= 256)
+            .map(|v| stable_hash(v.as_bytes()));
+        let now = router.health.now_ms();
+        let input_tokens = respond::estimate_input_tokens(request.body_len());
+        let facts = RequestFacts {
+            input_tokens,
+            output_tokens: request.max_tokens.unwrap_or(DEFAULT_OUTPUT_TOKENS),
+            prefix_hash: (strategy == Strategy::PrefixAffinity)
+                .then(|| prefix_hash(request.prompt(), tables.routing.prefix_bytes)),
+            session: ctx.session.and_then(|h| router.sessions.get(h, now)),
+            round_robin: route
+                .round_robin
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            seed: splitmix64(
+                ctx.started.elapsed().as_nanos() as u64 ^ u64::from(ctx.request_id.as_bytes()[31]),
+            ),
+        };
         let mut plan = match resolution {
-            Resolution::Route(r) => Plan::new(tables.route(r).candidates.clone()),
-            Resolution::Adhoc { deployment, .. } => Plan::adhoc(deployment),
+            Resolution::Route(r) => {
+                let order = if strategy == route.strategy {
+                    router.rankings.load().order(&tables, r)
+                } else {
+                    // A per-request strategy: rank this route for it now.
+                    Arc::from(rank(
+                        &tables.catalog,
+                        &router.health,
+                        &route.candidates,
+                        strategy,
+                        tables.routing.custom_weights,
+                        now,
+                    ))
+                };
+                Plan::new(order, strategy, facts)
+            }
+            Resolution::Adhoc { deployment, .. } => Plan::adhoc(deployment, facts),
         };
         if let Some(routing) = &request.routing {
             if let Err(err) = apply_routing_override(&tables, routing, &mut plan) {
                 return self.refuse(session, ctx, err).await;
             }
         }
-        ctx.pending = plan.next(&tables.catalog, Advance::NextDeployment);
+        ctx.pending = plan.next(&plan_env(&router, &tables), Advance::NextDeployment);
         ctx.request = Some(request);
         if ctx.pending.is_none() {
-            let err = ctx.failures.final_error(&plan);
+            let mut err = ctx.failures.final_error(&plan);
+            if err.code == ErrorCode::NoProviderAvailable {
+                // Fail fast: tell the caller when the soonest candidate frees up.
+                let secs = plan
+                    .soonest_ms()
+                    .map_or(1, |until| until.saturating_sub(now).div_ceil(1000).max(1));
+                err = err.with_retry_after(Some(secs));
+            }
             ctx.plan = Some(plan);
             return self.refuse(session, ctx, err).await;
         }
@@ -252,7 +323,7 @@ impl Gateway {
     fn after_failure(&self, ctx: &mut RequestCtx, outcome: Outcome, advance: Advance) -> bool {
         ctx.finish_attempt(outcome);
         ctx.failures.record(outcome);
-        let Some(tables) = ctx.tables.clone() else {
+        let (Some(tables), Some(router)) = (ctx.tables.clone(), ctx.router.clone()) else {
             return false;
         };
         let Some(plan) = ctx.plan.as_mut() else {
@@ -268,7 +339,7 @@ impl Gateway {
                 return false;
             }
         }
-        ctx.pending = plan.next(&tables.catalog, advance);
+        ctx.pending = plan.next(&plan_env(&router, &tables), advance);
         ctx.pending.is_some()
     }
 
@@ -356,21 +427,19 @@ fn peer_for(
     tables: &Tables,
     ctx: &RequestCtx,
     target: crate::routing::Target,
-) -> Option<(HttpPeer, crate::catalog::ProviderIdx)> {
+) -> Option<(
+    HttpPeer,
+    crate::catalog::ProviderIdx,
+    Option<crate::catalog::DeploymentIdx>,
+)> {
     let plan = ctx.plan.as_ref()?;
     let deployment = plan.deployment(&tables.catalog, target.position)?;
-    let provider = tables.catalog.provider(deployment.provider);
-    let addr = provider.addrs.pick()?;
-    let mut peer = HttpPeer::new(addr, provider.tls, provider.sni.clone());
-    peer.options.connection_timeout = Some(provider.connect_timeout);
-    peer.options.total_connection_timeout = Some(provider.connect_timeout);
-    // Per read: the header deadline, and the longest gap allowed between stream chunks.
-    peer.options.read_timeout = Some(provider.ttfb_timeout);
-    peer.options.write_timeout = Some(provider.ttfb_timeout);
-    peer.options.idle_timeout = Some(UPSTREAM_IDLE);
-    peer.options.alpn = ALPN::H1;
-    peer.options.ca.clone_from(&provider.ca);
-    Some((peer, deployment.provider))
+    let peer = tables.catalog.provider(deployment.provider).peer()?;
+    Some((
+        peer,
+        deployment.provider,
+        deployment.model.map(|_| deployment.idx),
+    ))
 }
 
 #[async_trait]
@@ -402,7 +471,7 @@ impl ProxyHttp for Gateway {
             .pending
             .take()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no target left"))?;
-        let (peer, provider) = peer_for(&tables, ctx, target)
+        let (peer, provider, deployment) = peer_for(&tables, ctx, target)
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "target has no address"))?;
         // The body this target gets: rebuilt only when the upstream model name changes.
         if let (Some(request), Some(plan)) = (&ctx.request, &ctx.plan) {
@@ -418,7 +487,10 @@ impl ProxyHttp for Gateway {
             }
         }
         let now = Instant::now();
-        ctx.first_attempt_at.get_or_insert(now);
+        if ctx.first_attempt_at.is_none() {
+            ctx.first_attempt_at = Some(now);
+            ctx.first_was_probe = target.probe;
+        }
         ctx.attempts += 1;
         ctx.current = Some(Attempt {
             target,
@@ -426,7 +498,16 @@ impl ProxyHttp for Gateway {
             started: now,
             header_at: None,
         });
+        if let Some(router) = &ctx.router {
+            let t = crate::health::TargetRef {
+                deployment,
+                provider,
+                credential: target.credential,
+            };
+            ctx.guard = Some(router.health.begin(t, target.probe));
+        }
         ctx.status_outcome = None;
+        ctx.retry_after = None;
         Ok(Box::new(peer))
     }
 
@@ -765,9 +846,12 @@ impl ProxyHttp for Gateway {
     where
         Self::CTX: Send + Sync,
     {
-        if ctx.current.is_some() {
+        if let Some(attempt) = ctx.current {
             // The attempt whose response was relayed (or that ended with the request).
-            let outcome = if ctx.stream_broken && ctx.served.is_some() {
+            let empty = ctx.stream.empty_choices || (ctx.is_sse && ctx.stream.data_events == 0);
+            let outcome = if ctx.served.is_some() && empty && !ctx.stream.upstream_error_event {
+                Outcome::Empty
+            } else if ctx.stream_broken && ctx.served.is_some() {
                 Outcome::StreamBroken
             } else if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
                 Outcome::Cancelled
@@ -779,6 +863,15 @@ impl ProxyHttp for Gateway {
                 Outcome::Cancelled
             };
             ctx.finish_attempt(outcome);
+            if let (Outcome::Ok, Some(hash), Some(router), Some(tables), Some(plan)) =
+                (outcome, ctx.session, &ctx.router, &ctx.tables, &ctx.plan)
+            {
+                if let Some(d) = plan.deployment(&tables.catalog, attempt.target.position) {
+                    if d.model.is_some() {
+                        router.sessions.put(hash, d.idx, router.health.now_ms());
+                    }
+                }
+            }
         }
         if ctx.in_flight {
             self.state.metrics.in_flight.dec();

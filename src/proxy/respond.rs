@@ -105,32 +105,32 @@ pub fn add_routing_headers(
 
 /// `strategy=… selected=… priority=… cost_micro=… healthy=… fallbacks=…`: the decision as it
 /// stood before the first attempt.
-fn routing_reason(ctx: &RequestCtx, tables: &Tables, strategy: &str) -> String {
+fn routing_reason(ctx: &RequestCtx, tables: &Tables, default_strategy: &str) -> String {
     use std::fmt::Write;
     let catalog = &tables.catalog;
     let mut out = String::with_capacity(96);
-    let _ = write!(out, "strategy={strategy}");
     let Some(plan) = &ctx.plan else {
+        let _ = write!(out, "strategy={default_strategy}");
         return out;
     };
-    if let Some(first) = plan.deployment(catalog, 0) {
-        let tokens = ctx
-            .request
-            .as_ref()
-            .map_or(0, |r| estimate_input_tokens(r.body_len()));
-        let cost = first
-            .price
-            .map_or(0, |p| cost_micro_usd(p.input_per_mtok, tokens));
+    let _ = write!(out, "strategy={}", plan.strategy().as_str());
+    let first_pos = plan.first_position().unwrap_or(0);
+    if let Some(first) = plan.deployment(catalog, first_pos) {
+        let facts = plan.facts();
+        let cost =
+            crate::routing::scoring::cost_micro(first, facts.input_tokens, facts.output_tokens);
+        // The selected target was healthy unless it was taken as a half-open probe.
+        let healthy = !ctx.first_was_probe;
         let _ = write!(
             out,
-            " selected={} priority={} cost_micro={cost} healthy=true fallbacks=",
+            " selected={} priority={} cost_micro={cost} healthy={healthy} fallbacks=",
             catalog.provider(first.provider).id,
             first.priority,
         );
         // Remaining candidates' providers, in order, each once (bounded: a header, not a dump).
         let mut listed: Vec<crate::catalog::ProviderIdx> = vec![first.provider];
         let mut sep = "";
-        for pos in 1..plan.len() {
+        for pos in (0..plan.len()).filter(|p| *p != first_pos) {
             if listed.len() > 8 {
                 break;
             }
@@ -149,17 +149,6 @@ fn routing_reason(ctx: &RequestCtx, tables: &Tables, strategy: &str) -> String {
 /// A rough token count from body bytes (about four bytes a token for English JSON).
 pub fn estimate_input_tokens(body_len: usize) -> u64 {
     (body_len as u64).div_ceil(4)
-}
-
-/// Micro-dollars for `tokens` at a per-million-token price.
-pub fn cost_micro_usd(per_mtok: f64, tokens: u64) -> u64 {
-    #[allow(
-        clippy::cast_precision_loss,
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss
-    )]
-    let v = (per_mtok * tokens as f64).round() as u64;
-    v
 }
 
 /// `gateway;dur=…, upstream;dur=…, total;dur=…` in milliseconds to a tenth.

@@ -3,11 +3,13 @@
 
 use std::fmt::Write;
 
-use super::plan::{Advance, Plan, SkipReason};
-use super::{resolve, Resolution, Tables};
+use super::plan::{Advance, Plan, PlanEnv, RequestFacts, SkipReason};
+use super::{resolve, Resolution, Router};
 
-/// A human-readable plan for `model`.
-pub fn explain(t: &Tables, model: &str) -> String {
+/// A human-readable plan for `model`, as health stands now.
+pub fn explain(router: &Router, model: &str) -> String {
+    let t = router.tables.load_full();
+    let t = &*t;
     let mut out = String::new();
     let resolution = match resolve(t, model) {
         Ok(r) => r,
@@ -19,9 +21,16 @@ pub fn explain(t: &Tables, model: &str) -> String {
     let route = t.route(resolution.route());
     let _ = writeln!(out, "route:    {}", route.label);
     let _ = writeln!(out, "strategy: {}", route.strategy.as_str());
+    let facts = RequestFacts {
+        input_tokens: super::scoring::NOMINAL_INPUT_TOKENS,
+        output_tokens: super::scoring::NOMINAL_OUTPUT_TOKENS,
+        ..RequestFacts::default()
+    };
     let mut plan = match resolution {
-        Resolution::Route(r) => Plan::new(t.route(r).candidates.clone()),
-        Resolution::Adhoc { deployment, .. } => Plan::adhoc(deployment),
+        Resolution::Route(r) => {
+            Plan::new(router.rankings.load().order(t, r), route.strategy, facts)
+        }
+        Resolution::Adhoc { deployment, .. } => Plan::adhoc(deployment, facts),
     };
     let _ = writeln!(out, "candidates:");
     for pos in 0..plan.len() {
@@ -57,7 +66,13 @@ pub fn explain(t: &Tables, model: &str) -> String {
             p.credentials.len(),
         );
     }
-    let first = plan.next(&t.catalog, Advance::NextDeployment);
+    let env = PlanEnv {
+        catalog: &t.catalog,
+        health: &router.health,
+        now_ms: router.health.now_ms(),
+        degraded: router.health.degraded.is_degraded(),
+    };
+    let first = plan.next(&env, Advance::NextDeployment);
     match first {
         Some(target) => {
             let d = plan.deployment(&t.catalog, target.position);

@@ -7,13 +7,18 @@
 
 pub mod explain;
 pub mod plan;
+pub mod rank;
+pub mod scoring;
+pub mod session;
 pub mod table;
 
 use std::sync::Arc;
 
 use crate::catalog::{Deployment, ProviderIdx};
-pub use plan::{Plan, SkipReason, Target};
-pub use table::{Route, RouteIdx, RouteKind, Strategy, Tables};
+pub use crate::config::Strategy;
+pub use plan::{Plan, PlanEnv, RequestFacts, SkipReason, Target};
+pub use rank::{Rankings, Router};
+pub use table::{Route, RouteIdx, RouteKind, Tables};
 
 /// What a `model` string resolved to.
 #[derive(Debug, Clone)]
@@ -241,11 +246,22 @@ active_chain: default
     }
 
     #[test]
-    fn axes_rank_every_enabled_model() {
+    fn axes_cover_every_enabled_model() {
         let t = tables_from(CONFIG);
         let r = resolve(&t, "auto:Smartest").expect("axis");
-        // big (capability 5) first.
-        assert_eq!(routed_via(&t, &r)[0], "a/big-1");
+        let route = t.route(r.route());
+        assert_eq!(route.strategy, Strategy::Smartest);
+        assert!(routed_via(&t, &r).contains(&"a/big-1".to_string()));
         assert!(!routed_via(&t, &r).contains(&"a/off-1".to_string()));
+        assert_eq!(
+            t.route(resolve(&t, "auto:speed").expect("axis").route())
+                .strategy,
+            Strategy::Fastest
+        );
+        assert_eq!(
+            t.route(resolve(&t, "auto:budget").expect("axis").route())
+                .strategy,
+            Strategy::Cheapest
+        );
     }
 }

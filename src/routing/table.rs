@@ -13,8 +13,10 @@ use std::sync::Arc;
 
 use http::HeaderValue;
 
+use std::sync::atomic::AtomicUsize;
+
 use crate::catalog::{Catalog, DeploymentIdx, ProviderIdx};
-use crate::config::{Config, Failover, Limits};
+use crate::config::{Config, Failover, Limits, RoutingKnobs, Strategy};
 use crate::metrics::{BoundMetrics, Metrics};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -50,28 +52,6 @@ impl RouteKind {
     }
 }
 
-/// How a route orders its candidates. Only static orders exist so far; health-scored
-/// strategies plug in here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strategy {
-    /// The chain's configured order (models in order, each model's deployments by priority).
-    Chain,
-    /// Priority ascending, configured order among equals.
-    Priority,
-    /// Capability tier descending, then priority.
-    Smartest,
-}
-
-impl Strategy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Strategy::Chain => "chain",
-            Strategy::Priority => "priority",
-            Strategy::Smartest => "smartest",
-        }
-    }
-}
-
 /// One nameable route.
 #[derive(Debug)]
 pub struct Route {
@@ -82,8 +62,11 @@ pub struct Route {
     pub label: Arc<str>,
     pub header: HeaderValue,
     pub strategy: Strategy,
-    /// Deployments to try, in order, without duplicates. Empty only for an empty chain.
+    /// Deployments to try, in configured order, without duplicates. Empty only for an empty
+    /// chain. The ranker's scored order of the same set is in `Rankings`.
     pub candidates: Arc<[DeploymentIdx]>,
+    /// The route's round-robin turn.
+    pub round_robin: AtomicUsize,
 }
 
 /// The immutable routing snapshot.
@@ -106,6 +89,7 @@ pub struct Tables {
     pub unresolved: RouteIdx,
     pub failover: Failover,
     pub limits: Limits,
+    pub routing: RoutingKnobs,
     pub metrics: BoundMetrics,
 }
 
@@ -122,14 +106,14 @@ impl std::fmt::Debug for Tables {
 const AXES: &[(&str, Strategy)] = &[
     ("smart", Strategy::Smartest),
     ("smartest", Strategy::Smartest),
-    ("fast", Strategy::Priority),
-    ("fastest", Strategy::Priority),
-    ("speed", Strategy::Priority),
-    ("reliable", Strategy::Priority),
-    ("balanced", Strategy::Priority),
-    ("cheap", Strategy::Priority),
-    ("cheapest", Strategy::Priority),
-    ("budget", Strategy::Priority),
+    ("fast", Strategy::Fastest),
+    ("fastest", Strategy::Fastest),
+    ("speed", Strategy::Fastest),
+    ("reliable", Strategy::Reliable),
+    ("balanced", Strategy::Balanced),
+    ("cheap", Strategy::Cheapest),
+    ("cheapest", Strategy::Cheapest),
+    ("budget", Strategy::Cheapest),
 ];
 
 impl Tables {
@@ -155,7 +139,7 @@ impl Tables {
             let r = b.push(
                 RouteKind::Model,
                 &m.name,
-                Strategy::Priority,
+                m.strategy,
                 b.usable(m.deployments.iter().copied()),
             );
             names.insert(m.name.to_ascii_lowercase().into_boxed_str(), r);
@@ -165,7 +149,7 @@ impl Tables {
             let r = b.push(
                 RouteKind::Alias,
                 &a.name,
-                Strategy::Priority,
+                m.strategy,
                 b.usable(m.deployments.iter().copied()),
             );
             names.insert(a.name.to_ascii_lowercase().into_boxed_str(), r);
@@ -184,19 +168,20 @@ impl Tables {
         let active_chain = config.active_chain.map(|c| chain_routes[c]);
 
         let mut axes = HashMap::new();
+        // Axis routes hold every enabled model's deployments; the ranker orders them.
+        let every: Vec<DeploymentIdx> = catalog
+            .models
+            .iter()
+            .filter(|m| m.enabled)
+            .flat_map(|m| m.deployments.iter().copied())
+            .collect();
         for &(axis, strategy) in AXES {
-            let mut models: Vec<_> = catalog.models.iter().filter(|m| m.enabled).collect();
-            if strategy == Strategy::Smartest {
-                models.sort_by_key(|m| std::cmp::Reverse(m.capability));
-            }
-            let mut deps: Vec<DeploymentIdx> = models
-                .iter()
-                .flat_map(|m| m.deployments.iter().copied())
-                .collect();
-            if strategy == Strategy::Priority {
-                deps.sort_by_key(|d| catalog.deployment(*d).priority);
-            }
-            let r = b.push(RouteKind::Axis, axis, strategy, b.usable(deps.into_iter()));
+            let r = b.push(
+                RouteKind::Axis,
+                axis,
+                strategy,
+                b.usable(every.iter().copied()),
+            );
             axes.insert(axis, r);
         }
 
@@ -246,6 +231,7 @@ impl Tables {
             unresolved,
             failover: config.failover,
             limits: config.limits,
+            routing: config.routing,
             metrics: bound,
         }
     }
@@ -326,6 +312,7 @@ impl Builder<'_> {
             header,
             strategy,
             candidates: candidates.into(),
+            round_robin: AtomicUsize::new(0),
         });
         idx
     }

@@ -1,0 +1,596 @@
+//! The breaker state machines: per target (deployment × credential), per credential, and the
+//! benching window per deployment. Plain atomics; every transition takes `now` in monotonic
+//! milliseconds so tests drive them with a manual clock.
+//!
+//! Vocabulary (one meaning throughout signalbox):
+//! - **closed**: admitting traffic (`ejected_until == 0`).
+//! - **open** (ejected): refusing traffic until `ejected_until`.
+//! - **half-open**: the ejection window has passed but no success has been seen since: exactly
+//!   one request (the probe) may be in flight; its success closes the breaker at
+//!   `restore_health`, its failure re-opens it with an escalated window.
+//!
+//! Escalation: the n-th ejection since the last success lasts `cooldown × n`, capped by
+//! `max_ejection`. A provider's own `Retry-After` replaces the window, unescalated.
+//! `health` (permille) is how much of its share a target takes: a restored target starts at
+//! `restore_health` and earns the rest back one success at a time.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use super::clock::ms;
+use super::stats::{Ewma, MinuteCounter, SuccessWindow};
+use crate::config::HealthPolicy;
+
+/// Full health, in permille.
+pub const FULL_HEALTH: u32 = 1000;
+/// Health regained per success while recovering.
+const HEALTH_STEP: u32 = 100;
+/// The fewest attempts in the window before the success-rate floor may eject.
+const MIN_SAMPLES_FOR_RATE: u32 = 10;
+
+/// A breaker transition worth re-ranking for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    Ejected { until_ms: u64 },
+    Restored,
+}
+
+/// Where a target stands for selection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    Closed,
+    Open { until_ms: u64 },
+    HalfOpen,
+}
+
+/// Health of one target (deployment × credential).
+#[derive(Debug)]
+pub struct TargetHealth {
+    consecutive_failures: AtomicU32,
+    /// Ejections since the last success (the escalation factor).
+    ejections: AtomicU32,
+    ejected_until: AtomicU64,
+    probe_in_flight: AtomicBool,
+    health: AtomicU32,
+    pub in_flight: AtomicU32,
+    pub latency_ms: Ewma,
+    pub ttfb_ms: Ewma,
+    /// Output tokens per second while streaming/generating.
+    pub throughput: Ewma,
+    pub window: SuccessWindow,
+    /// Lifetime counters, for metrics.
+    pub ejections_total: AtomicU64,
+    pub last_ejection_reason: AtomicU32,
+}
+
+const EWMA_ALPHA: f64 = 0.3;
+
+impl TargetHealth {
+    pub fn new(policy: &HealthPolicy) -> Self {
+        Self {
+            consecutive_failures: AtomicU32::new(0),
+            ejections: AtomicU32::new(0),
+            ejected_until: AtomicU64::new(0),
+            probe_in_flight: AtomicBool::new(false),
+            health: AtomicU32::new(FULL_HEALTH),
+            in_flight: AtomicU32::new(0),
+            latency_ms: Ewma::new(EWMA_ALPHA),
+            ttfb_ms: Ewma::new(EWMA_ALPHA),
+            throughput: Ewma::new(EWMA_ALPHA),
+            window: SuccessWindow::new(ms(policy.success_window)),
+            ejections_total: AtomicU64::new(0),
+            last_ejection_reason: AtomicU32::new(0),
+        }
+    }
+
+    pub fn state(&self, now_ms: u64) -> BreakerState {
+        match self.ejected_until.load(Ordering::Acquire) {
+            0 => BreakerState::Closed,
+            until if now_ms < until => BreakerState::Open { until_ms: until },
+            _ => BreakerState::HalfOpen,
+        }
+    }
+
+    pub fn health(&self) -> u32 {
+        self.health.load(Ordering::Relaxed)
+    }
+
+    pub fn consecutive_failures(&self) -> u32 {
+        self.consecutive_failures.load(Ordering::Relaxed)
+    }
+
+    pub fn ejections(&self) -> u32 {
+        self.ejections.load(Ordering::Relaxed)
+    }
+
+    pub fn probe_in_flight(&self) -> bool {
+        self.probe_in_flight.load(Ordering::Acquire)
+    }
+
+    /// Claim the single half-open probe slot. Exactly one caller wins until it is released.
+    pub fn try_claim_probe(&self) -> bool {
+        self.probe_in_flight
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Give the probe slot back without a verdict (the client cancelled).
+    pub fn release_probe(&self) {
+        self.probe_in_flight.store(false, Ordering::Release);
+    }
+
+    /// A success. Closes a half-open breaker at `restore_health`; clears the escalation.
+    pub fn on_success(
+        &self,
+        policy: &HealthPolicy,
+        was_probe: bool,
+        now_ms: u64,
+    ) -> Option<Transition> {
+        self.window.record(true, now_ms);
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+        self.ejections.store(0, Ordering::Relaxed);
+        let until = self.ejected_until.load(Ordering::Acquire);
+        if until != 0 && (was_probe || now_ms >= until) {
+            self.restore(policy);
+            if was_probe {
+                self.release_probe();
+            }
+            return Some(Transition::Restored);
+        }
+        if was_probe {
+            self.release_probe();
+        }
+        let h = self.health.load(Ordering::Relaxed);
+        if h < FULL_HEALTH {
+            self.health
+                .store((h + HEALTH_STEP).min(FULL_HEALTH), Ordering::Relaxed);
+        }
+        None
+    }
+
+    /// Re-admit at `restore_health` (a probe answered, or a half-open request succeeded).
+    pub fn restore(&self, policy: &HealthPolicy) {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let restored = (policy.restore_health * f64::from(FULL_HEALTH)).round() as u32;
+        self.health
+            .store(restored.clamp(1, FULL_HEALTH), Ordering::Relaxed);
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+        self.ejected_until.store(0, Ordering::Release);
+    }
+
+    /// A failure counted against the target. `retry_after` is the provider's own wait, already
+    /// clamped; it ejects at once for exactly that long when the policy respects it.
+    pub fn on_failure(
+        &self,
+        policy: &HealthPolicy,
+        was_probe: bool,
+        retry_after: Option<Duration>,
+        now_ms: u64,
+    ) -> Option<Transition> {
+        self.window.record(false, now_ms);
+        let consecutive = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if was_probe {
+            // The half-open probe failed: re-open with escalation.
+            let t = self.eject(policy, None, now_ms, true);
+            self.release_probe();
+            return t;
+        }
+        if let (Some(wait), true) = (retry_after, policy.respect_retry_after) {
+            return self.eject(policy, Some(wait), now_ms, false);
+        }
+        if consecutive >= policy.failure_threshold {
+            return self.eject(policy, None, now_ms, false);
+        }
+        if policy.health_threshold > 0.0 {
+            let (ok, fail) = self.window.counts(now_ms);
+            let n = ok + fail;
+            if n >= MIN_SAMPLES_FOR_RATE && f64::from(ok) / f64::from(n) < policy.health_threshold {
+                return self.eject(policy, None, now_ms, false);
+            }
+        }
+        None
+    }
+
+    fn eject(
+        &self,
+        policy: &HealthPolicy,
+        retry_after: Option<Duration>,
+        now_ms: u64,
+        reopen: bool,
+    ) -> Option<Transition> {
+        let current = self.ejected_until.load(Ordering::Acquire);
+        if !reopen && current != 0 && now_ms < current {
+            // Already open: a concurrent failure of the same request wave.
+            return None;
+        }
+        let window = match retry_after {
+            Some(wait) => ms(wait),
+            None => {
+                let n = self.ejections.fetch_add(1, Ordering::Relaxed) + 1;
+                escalated_window(policy, n)
+            }
+        };
+        let until = now_ms.saturating_add(window.max(1));
+        if self
+            .ejected_until
+            .compare_exchange(current, until, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return None;
+        }
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+        self.ejections_total.fetch_add(1, Ordering::Relaxed);
+        Some(Transition::Ejected { until_ms: until })
+    }
+
+    pub fn reset_stats(&self) {
+        self.latency_ms.reset();
+        self.ttfb_ms.reset();
+        self.throughput.reset();
+        self.window.reset();
+    }
+}
+
+/// `cooldown × n`, capped by `max_ejection`.
+pub fn escalated_window(policy: &HealthPolicy, n: u32) -> u64 {
+    let w = ms(policy.cooldown).saturating_mul(u64::from(n.max(1)));
+    match policy.max_ejection {
+        Some(cap) => w.min(ms(cap)),
+        None => w,
+    }
+}
+
+/// Health of one credential (a provider's key), shared by every deployment that uses it.
+#[derive(Debug, Default)]
+pub struct CredentialHealth {
+    cooling_until: AtomicU64,
+    ejections: AtomicU32,
+    /// When the last 429 arrived (the rate-limit factor fades from it).
+    pub last_rate_limited: AtomicU64,
+    /// Whether the current cooldown comes from a rejection (401/402/403) rather than a 429.
+    rejected: AtomicBool,
+    pub ejections_total: AtomicU64,
+}
+
+impl CredentialHealth {
+    /// `Some(until)` while the credential must not be used.
+    pub fn cooling_until(&self, now_ms: u64) -> Option<u64> {
+        let until = self.cooling_until.load(Ordering::Acquire);
+        (until != 0 && now_ms < until).then_some(until)
+    }
+
+    pub fn is_rejected(&self) -> bool {
+        self.rejected.load(Ordering::Relaxed)
+    }
+
+    /// 401/402/403: the key was refused. Ejected with escalation.
+    pub fn on_rejected(&self, policy: &HealthPolicy, now_ms: u64) -> Transition {
+        let n = self.ejections.fetch_add(1, Ordering::Relaxed) + 1;
+        let until = now_ms.saturating_add(escalated_window(policy, n));
+        self.cooling_until.store(until, Ordering::Release);
+        self.rejected.store(true, Ordering::Relaxed);
+        self.ejections_total.fetch_add(1, Ordering::Relaxed);
+        Transition::Ejected { until_ms: until }
+    }
+
+    /// 429: the key is rate limited. Cooled for the provider's `Retry-After` (when respected)
+    /// or one cooldown.
+    pub fn on_rate_limited(
+        &self,
+        policy: &HealthPolicy,
+        retry_after: Option<Duration>,
+        now_ms: u64,
+    ) -> Transition {
+        let window = match (retry_after, policy.respect_retry_after) {
+            (Some(wait), true) => ms(wait).max(1),
+            _ => ms(policy.cooldown),
+        };
+        let until = now_ms.saturating_add(window);
+        self.cooling_until.store(until, Ordering::Release);
+        self.rejected.store(false, Ordering::Relaxed);
+        self.last_rate_limited.store(now_ms, Ordering::Relaxed);
+        self.ejections_total.fetch_add(1, Ordering::Relaxed);
+        Transition::Ejected { until_ms: until }
+    }
+
+    /// A success with this key clears its escalation.
+    pub fn on_success(&self) {
+        self.ejections.store(0, Ordering::Relaxed);
+        if self.rejected.load(Ordering::Relaxed) {
+            self.rejected.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// A probe with this key answered: usable again.
+    pub fn readmit(&self) {
+        self.cooling_until.store(0, Ordering::Release);
+        self.rejected.store(false, Ordering::Relaxed);
+    }
+
+    /// The rate-limit factor: 0.5 right after a 429, back to 1.0 linearly over `fade_ms`.
+    pub fn rate_limit_factor(&self, now_ms: u64, fade_ms: u64) -> f64 {
+        let at = self.last_rate_limited.load(Ordering::Relaxed);
+        if at == 0 || fade_ms == 0 {
+            return 1.0;
+        }
+        let since = now_ms.saturating_sub(at);
+        if since >= fade_ms {
+            return 1.0;
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let f = since as f64 / fade_ms as f64;
+        0.5 + 0.5 * f
+    }
+}
+
+/// Per deployment: the benching window across credentials and request-rate headroom.
+#[derive(Debug)]
+pub struct DeploymentHealth {
+    /// Timestamps of the last `bench_after` model-scoped failures (ring).
+    failures: Box<[AtomicU64]>,
+    next: AtomicUsize,
+    benched_until: AtomicU64,
+    pub benchings_total: AtomicU64,
+    pub requests: MinuteCounter,
+}
+
+impl DeploymentHealth {
+    pub fn new(policy: &HealthPolicy) -> Self {
+        Self {
+            failures: (0..policy.bench_after.max(1))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            next: AtomicUsize::new(0),
+            benched_until: AtomicU64::new(0),
+            benchings_total: AtomicU64::new(0),
+            requests: MinuteCounter::default(),
+        }
+    }
+
+    pub fn benched_until(&self, now_ms: u64) -> Option<u64> {
+        let until = self.benched_until.load(Ordering::Acquire);
+        (until != 0 && now_ms < until).then_some(until)
+    }
+
+    /// A model-scoped failure on any credential. Benches the deployment when `bench_after`
+    /// of them fall inside `bench_window`.
+    pub fn on_failure(&self, policy: &HealthPolicy, now_ms: u64) -> Option<Transition> {
+        if self.benched_until(now_ms).is_some() {
+            return None;
+        }
+        let n = self.failures.len();
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        self.failures[i].store(now_ms, Ordering::Relaxed);
+        // The oldest of the last n failures is the slot written next.
+        let oldest = self.failures[(i + 1) % n].load(Ordering::Relaxed);
+        if oldest != 0 && now_ms.saturating_sub(oldest) <= ms(policy.bench_window) {
+            let until = now_ms.saturating_add(ms(policy.bench_for));
+            self.benched_until.store(until, Ordering::Release);
+            for f in self.failures.iter() {
+                f.store(0, Ordering::Relaxed);
+            }
+            self.benchings_total.fetch_add(1, Ordering::Relaxed);
+            return Some(Transition::Ejected { until_ms: until });
+        }
+        None
+    }
+
+    /// A probe answered: the model serves again.
+    pub fn unbench(&self) {
+        self.benched_until.store(0, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> HealthPolicy {
+        HealthPolicy {
+            failure_threshold: 3,
+            cooldown: Duration::from_secs(10),
+            max_ejection: Some(Duration::from_secs(35)),
+            ..HealthPolicy::default()
+        }
+    }
+
+    #[test]
+    fn threshold_ejects_and_escalation_is_capped() {
+        let p = policy();
+        let t = TargetHealth::new(&p);
+        let mut now = 1_000;
+        assert_eq!(t.on_failure(&p, false, None, now), None);
+        assert_eq!(t.on_failure(&p, false, None, now), None);
+        assert_eq!(
+            t.on_failure(&p, false, None, now),
+            Some(Transition::Ejected {
+                until_ms: now + 10_000
+            })
+        );
+        assert_eq!(
+            t.state(now + 9_999),
+            BreakerState::Open {
+                until_ms: now + 10_000
+            }
+        );
+        // Each failed half-open probe escalates: 20 s, 30 s, then the 35 s cap.
+        for expected in [20_000, 30_000, 35_000, 35_000] {
+            now = match t.state(now) {
+                BreakerState::Open { until_ms } => until_ms,
+                s => panic!("expected open, got {s:?}"),
+            };
+            assert_eq!(t.state(now), BreakerState::HalfOpen);
+            assert!(t.try_claim_probe());
+            assert_eq!(
+                t.on_failure(&p, true, None, now),
+                Some(Transition::Ejected {
+                    until_ms: now + expected
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn half_open_success_restores_at_restore_health_and_earns_the_rest() {
+        let p = policy();
+        let t = TargetHealth::new(&p);
+        for _ in 0..3 {
+            t.on_failure(&p, false, None, 1_000);
+        }
+        let now = 11_000;
+        assert_eq!(t.state(now), BreakerState::HalfOpen);
+        assert!(t.try_claim_probe());
+        assert!(!t.try_claim_probe(), "one probe at a time");
+        assert_eq!(t.on_success(&p, true, now), Some(Transition::Restored));
+        assert_eq!(t.state(now), BreakerState::Closed);
+        assert_eq!(t.health(), 500);
+        assert!(!t.probe_in_flight());
+        t.on_success(&p, false, now);
+        assert_eq!(t.health(), 600);
+        for _ in 0..10 {
+            t.on_success(&p, false, now);
+        }
+        assert_eq!(t.health(), FULL_HEALTH);
+        // The escalation was cleared: the next ejection is one cooldown again.
+        for _ in 0..3 {
+            t.on_failure(&p, false, None, now);
+        }
+        assert_eq!(
+            t.state(now),
+            BreakerState::Open {
+                until_ms: now + 10_000
+            }
+        );
+    }
+
+    #[test]
+    fn a_success_between_failures_resets_the_count() {
+        let p = policy();
+        let t = TargetHealth::new(&p);
+        t.on_failure(&p, false, None, 1);
+        t.on_failure(&p, false, None, 2);
+        t.on_success(&p, false, 3);
+        t.on_failure(&p, false, None, 4);
+        t.on_failure(&p, false, None, 5);
+        assert_eq!(t.state(6), BreakerState::Closed);
+    }
+
+    #[test]
+    fn retry_after_replaces_the_window_unescalated() {
+        let p = policy();
+        let t = TargetHealth::new(&p);
+        assert_eq!(
+            t.on_failure(&p, false, Some(Duration::from_secs(4)), 1_000),
+            Some(Transition::Ejected { until_ms: 5_000 })
+        );
+        assert_eq!(t.ejections(), 0, "a provider-stated wait does not escalate");
+        let ignoring = HealthPolicy {
+            respect_retry_after: false,
+            ..p
+        };
+        let u = TargetHealth::new(&ignoring);
+        assert_eq!(
+            u.on_failure(&ignoring, false, Some(Duration::from_secs(4)), 1_000),
+            None
+        );
+    }
+
+    #[test]
+    fn success_rate_floor_ejects() {
+        let p = HealthPolicy {
+            failure_threshold: 100,
+            health_threshold: 0.8,
+            ..policy()
+        };
+        let t = TargetHealth::new(&p);
+        let mut now = 1_000;
+        for i in 0..20 {
+            now += 10;
+            if i % 3 == 0 {
+                if let Some(Transition::Ejected { .. }) = t.on_failure(&p, false, None, now) {
+                    assert!(i >= 9, "not before {MIN_SAMPLES_FOR_RATE} samples");
+                    return;
+                }
+            } else {
+                t.on_success(&p, false, now);
+            }
+        }
+        panic!("a 66% success rate under an 80% floor must eject");
+    }
+
+    #[test]
+    fn exactly_one_probe_under_contention() {
+        let p = policy();
+        let t = std::sync::Arc::new(TargetHealth::new(&p));
+        for _ in 0..3 {
+            t.on_failure(&p, false, None, 1_000);
+        }
+        let winners: usize = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..100)
+                .map(|_| {
+                    let t = t.clone();
+                    s.spawn(move || {
+                        usize::from(
+                            t.state(11_000) == BreakerState::HalfOpen && t.try_claim_probe(),
+                        )
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+        });
+        assert_eq!(winners, 1);
+    }
+
+    #[test]
+    fn credentials_cool_and_escalate() {
+        let p = policy();
+        let c = CredentialHealth::default();
+        assert_eq!(
+            c.on_rejected(&p, 1_000),
+            Transition::Ejected { until_ms: 11_000 }
+        );
+        assert_eq!(c.cooling_until(5_000), Some(11_000));
+        assert_eq!(
+            c.on_rejected(&p, 11_000),
+            Transition::Ejected { until_ms: 31_000 }
+        );
+        c.on_success();
+        assert_eq!(
+            c.on_rejected(&p, 31_000),
+            Transition::Ejected { until_ms: 41_000 }
+        );
+        // A 429 with Retry-After cools for exactly that long; the factor then fades back.
+        c.on_rate_limited(&p, Some(Duration::from_secs(2)), 50_000);
+        assert_eq!(c.cooling_until(51_999), Some(52_000));
+        assert_eq!(c.cooling_until(52_000), None);
+        assert!((c.rate_limit_factor(50_000, 60_000) - 0.5).abs() < 1e-9);
+        assert!((c.rate_limit_factor(80_000, 60_000) - 0.75).abs() < 1e-9);
+        assert!((c.rate_limit_factor(110_000, 60_000) - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn benching_needs_bench_after_failures_inside_the_window() {
+        let p = HealthPolicy {
+            bench_after: 3,
+            bench_window: Duration::from_secs(900),
+            bench_for: Duration::from_secs(600),
+            ..policy()
+        };
+        let d = DeploymentHealth::new(&p);
+        let min = 60_000;
+        assert_eq!(d.on_failure(&p, min), None);
+        assert_eq!(d.on_failure(&p, 20 * min), None);
+        // The first failure slid out of the 15-minute window: still not benched.
+        assert_eq!(d.on_failure(&p, 30 * min), None);
+        // Three inside 15 minutes (20, 30, 31): benched for 10 minutes.
+        assert_eq!(
+            d.on_failure(&p, 31 * min),
+            Some(Transition::Ejected { until_ms: 41 * min })
+        );
+        assert_eq!(d.benched_until(40 * min), Some(41 * min));
+        assert_eq!(d.benched_until(41 * min), None);
+        d.on_failure(&p, 42 * min);
+        d.unbench();
+        assert_eq!(d.benched_until(42 * min), None);
+    }
+}

@@ -1,0 +1,222 @@
+//! Lock-free statistics: an EWMA and a windowed success counter, both plain atomics so the
+//! request path records without locking.
+//!
+//! Races are tolerated where they only blur a statistic: two EWMA updates retry their CAS;
+//! a window bucket being recycled while another thread adds to it may lose that one count.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// An exponentially weighted moving average of `f64` samples. Unknown until the first sample.
+#[derive(Debug)]
+pub struct Ewma {
+    bits: AtomicU64,
+    alpha: f64,
+}
+
+const UNKNOWN: u64 = u64::MAX; // a NaN bit pattern no real sample produces
+
+impl Ewma {
+    pub fn new(alpha: f64) -> Self {
+        Self {
+            bits: AtomicU64::new(UNKNOWN),
+            alpha,
+        }
+    }
+
+    pub fn observe(&self, x: f64) {
+        if !x.is_finite() {
+            return;
+        }
+        let mut cur = self.bits.load(Ordering::Relaxed);
+        loop {
+            let next = if cur == UNKNOWN {
+                x
+            } else {
+                let old = f64::from_bits(cur);
+                old + self.alpha * (x - old)
+            };
+            match self.bits.compare_exchange_weak(
+                cur,
+                next.to_bits(),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    pub fn get(&self) -> Option<f64> {
+        let b = self.bits.load(Ordering::Relaxed);
+        (b != UNKNOWN).then(|| f64::from_bits(b))
+    }
+
+    pub fn reset(&self) {
+        self.bits.store(UNKNOWN, Ordering::Relaxed);
+    }
+}
+
+/// Successes and failures over a sliding window of `BUCKETS` time buckets.
+#[derive(Debug)]
+pub struct SuccessWindow {
+    bucket_ms: u64,
+    buckets: [Bucket; BUCKETS],
+}
+
+pub const BUCKETS: usize = 10;
+
+#[derive(Debug, Default)]
+struct Bucket {
+    /// Which bucket number (now / bucket_ms) the counts belong to.
+    epoch: AtomicU64,
+    ok: AtomicU32,
+    fail: AtomicU32,
+}
+
+impl SuccessWindow {
+    /// A window of `window_ms`, in ten buckets.
+    pub fn new(window_ms: u64) -> Self {
+        Self {
+            bucket_ms: (window_ms / BUCKETS as u64).max(1),
+            buckets: Default::default(),
+        }
+    }
+
+    pub fn record(&self, ok: bool, now_ms: u64) {
+        let epoch = now_ms / self.bucket_ms;
+        let b = &self.buckets[(epoch % BUCKETS as u64) as usize];
+        let seen = b.epoch.load(Ordering::Relaxed);
+        if seen != epoch
+            && b.epoch
+                .compare_exchange(seen, epoch, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            b.ok.store(0, Ordering::Relaxed);
+            b.fail.store(0, Ordering::Relaxed);
+        }
+        if ok {
+            b.ok.fetch_add(1, Ordering::Relaxed);
+        } else {
+            b.fail.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `(successes, failures)` inside the window ending now.
+    pub fn counts(&self, now_ms: u64) -> (u32, u32) {
+        let epoch = now_ms / self.bucket_ms;
+        let oldest = epoch.saturating_sub(BUCKETS as u64 - 1);
+        let mut ok = 0u32;
+        let mut fail = 0u32;
+        for b in &self.buckets {
+            let e = b.epoch.load(Ordering::Relaxed);
+            if e >= oldest && e <= epoch {
+                ok = ok.saturating_add(b.ok.load(Ordering::Relaxed));
+                fail = fail.saturating_add(b.fail.load(Ordering::Relaxed));
+            }
+        }
+        (ok, fail)
+    }
+
+    /// Success rate with a uniform prior (one success seen): `1.0` when nothing is known.
+    pub fn rate(&self, now_ms: u64) -> f64 {
+        let (ok, fail) = self.counts(now_ms);
+        (f64::from(ok) + 1.0) / (f64::from(ok) + f64::from(fail) + 1.0)
+    }
+
+    pub fn reset(&self) {
+        for b in &self.buckets {
+            b.epoch.store(0, Ordering::Relaxed);
+            b.ok.store(0, Ordering::Relaxed);
+            b.fail.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Requests counted per one-second bucket over the last minute: rate-limit headroom.
+#[derive(Debug)]
+pub struct MinuteCounter {
+    seconds: [Bucket; 60],
+}
+
+impl Default for MinuteCounter {
+    fn default() -> Self {
+        Self {
+            seconds: std::array::from_fn(|_| Bucket::default()),
+        }
+    }
+}
+
+impl MinuteCounter {
+    pub fn add(&self, now_ms: u64) {
+        let sec = now_ms / 1000;
+        let b = &self.seconds[(sec % 60) as usize];
+        let seen = b.epoch.load(Ordering::Relaxed);
+        if seen != sec
+            && b.epoch
+                .compare_exchange(seen, sec, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            b.ok.store(0, Ordering::Relaxed);
+        }
+        b.ok.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests in the last 60 seconds.
+    pub fn last_minute(&self, now_ms: u64) -> u32 {
+        let sec = now_ms / 1000;
+        let oldest = sec.saturating_sub(59);
+        self.seconds
+            .iter()
+            .filter(|b| {
+                let e = b.epoch.load(Ordering::Relaxed);
+                e >= oldest && e <= sec
+            })
+            .map(|b| b.ok.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ewma_starts_unknown_then_tracks() {
+        let e = Ewma::new(0.5);
+        assert_eq!(e.get(), None);
+        e.observe(10.0);
+        assert_eq!(e.get(), Some(10.0));
+        e.observe(20.0);
+        assert_eq!(e.get(), Some(15.0));
+        e.observe(f64::NAN);
+        assert_eq!(e.get(), Some(15.0));
+    }
+
+    #[test]
+    fn window_slides() {
+        let w = SuccessWindow::new(10_000); // ten 1 s buckets
+        w.record(true, 1_000);
+        w.record(false, 1_500);
+        w.record(false, 5_000);
+        assert_eq!(w.counts(5_000), (1, 2));
+        // The window covers ten buckets: the first leaves once bucket 11 starts.
+        assert_eq!(w.counts(10_999), (1, 2));
+        assert_eq!(w.counts(11_000), (0, 1));
+        assert!((w.rate(5_000) - 0.5).abs() < 1e-9);
+        // A recycled bucket starts from zero.
+        w.record(true, 11_200);
+        assert_eq!(w.counts(11_200), (1, 1));
+        assert_eq!(w.counts(30_000), (0, 0));
+    }
+
+    #[test]
+    fn minute_counter() {
+        let m = MinuteCounter::default();
+        for i in 0..30 {
+            m.add(1_000 + i * 1_000);
+        }
+        assert_eq!(m.last_minute(30_000), 30);
+        assert_eq!(m.last_minute(75_000), 15);
+    }
+}

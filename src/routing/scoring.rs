@@ -1,0 +1,385 @@
+//! Ordering candidates by a strategy: a pure function of the catalog, a health view and `now`.
+//!
+//! Every strategy first sorts by its own keys, then stably moves candidates that cannot take
+//! traffic right now (ejected, benched, every credential cooling) to the end: healthy first,
+//! cooling last (they are reached as half-open probes). Load-balancing strategies order by
+//! `priority_cheapest` here; their per-request pick happens in `selection`.
+//!
+//! Scores (DESIGN §4): `effective = (w_r·reliability + w_s·speed + w_c·capability) × headroom ×
+//! rate-limit factor`, with
+//! - reliability: windowed success rate (uniform prior) × health (a recovering target is
+//!   worth less until it earns its share back);
+//! - speed: 0.7 × fastest TTFB / this TTFB + 0.3 × this throughput / best throughput, each
+//!   0.5 when unknown;
+//! - capability: the model's tier / the best tier among the candidates;
+//! - headroom: 1 below 80 % of the deployment's `rpm`, falling linearly to 0.1 at 100 %;
+//! - rate-limit factor: 0.5 right after a 429 on its credential, back to 1 over a minute.
+
+use std::cmp::Ordering;
+
+use crate::catalog::{Catalog, Deployment, DeploymentIdx};
+use crate::config::{Strategy, Weights};
+use crate::health::breaker::FULL_HEALTH;
+use crate::health::{DeploymentView, HealthRegistry};
+
+/// Nominal request used to compare prices when the request is not known (ranker tables).
+pub const NOMINAL_INPUT_TOKENS: u64 = 1000;
+pub const NOMINAL_OUTPUT_TOKENS: u64 = 250;
+
+/// Estimated cost in micro-dollars of a request with these token counts.
+pub fn cost_micro(d: &Deployment, input_tokens: u64, output_tokens: u64) -> u64 {
+    let Some(p) = d.price else {
+        // Unpriced deployments (local servers) are taken as free.
+        return 0;
+    };
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
+    let micro = (p.input_per_mtok * input_tokens as f64 + p.output_per_mtok * output_tokens as f64)
+        .round() as u64;
+    micro
+}
+
+/// One candidate's facts for ranking.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts {
+    pub idx: DeploymentIdx,
+    pub priority: i32,
+    pub cost: u64,
+    pub capability: u8,
+    pub view: DeploymentView,
+    pub headroom: f64,
+}
+
+/// Gather the facts for `candidates`.
+pub fn facts(
+    catalog: &Catalog,
+    health: &HealthRegistry,
+    candidates: &[DeploymentIdx],
+    now_ms: u64,
+) -> Vec<Facts> {
+    candidates
+        .iter()
+        .map(|&idx| {
+            let d = catalog.deployment(idx);
+            let capability = d.model.map_or(1, |m| catalog.model(m).capability);
+            let view = health.deployment_view(catalog, idx, now_ms);
+            let headroom = d.rpm.map_or(1.0, |rpm| {
+                headroom_factor(health.requests_last_minute(idx, now_ms), rpm)
+            });
+            Facts {
+                idx,
+                priority: d.priority,
+                cost: cost_micro(d, NOMINAL_INPUT_TOKENS, NOMINAL_OUTPUT_TOKENS),
+                capability,
+                view,
+                headroom,
+            }
+        })
+        .collect()
+}
+
+pub fn headroom_factor(used: u32, rpm: u32) -> f64 {
+    let u = f64::from(used) / f64::from(rpm.max(1));
+    if u < 0.8 {
+        1.0
+    } else {
+        (1.0 - (u - 0.8) / 0.2 * 0.9).max(0.1)
+    }
+}
+
+/// The blend weights of a scored strategy; `None` for strategies with their own order.
+pub fn weights_of(strategy: Strategy, custom: Weights) -> Option<Weights> {
+    match strategy {
+        Strategy::Balanced => Some(Weights::BALANCED),
+        Strategy::Smartest => Some(Weights::SMARTEST),
+        Strategy::Custom => Some(custom),
+        _ => None,
+    }
+}
+
+/// Reliability in [0, 1].
+pub fn reliability(f: &Facts) -> f64 {
+    let health = if f.view.available {
+        f64::from(f.view.health) / f64::from(FULL_HEALTH)
+    } else {
+        0.0
+    };
+    f.view.success_rate * health
+}
+
+/// Effective scores of every candidate under `w`.
+pub fn effective_scores(all: &[Facts], w: Weights) -> Vec<f64> {
+    let best_ttfb = all
+        .iter()
+        .filter_map(|f| f.view.ttfb_ms)
+        .fold(f64::INFINITY, f64::min);
+    let best_tp = all
+        .iter()
+        .filter_map(|f| f.view.throughput)
+        .fold(0.0_f64, f64::max);
+    let best_cap = all.iter().map(|f| f.capability).max().unwrap_or(1).max(1);
+    all.iter()
+        .map(|f| {
+            let ttfb_part = match f.view.ttfb_ms {
+                Some(t) if t > 0.0 && best_ttfb.is_finite() => (best_ttfb / t).min(1.0),
+                Some(_) => 1.0,
+                None => 0.5,
+            };
+            let tp_part = match f.view.throughput {
+                Some(t) if best_tp > 0.0 => (t / best_tp).min(1.0),
+                _ => 0.5,
+            };
+            let speed = 0.7 * ttfb_part + 0.3 * tp_part;
+            let capability = f64::from(f.capability) / f64::from(best_cap);
+            let base = w.reliability * reliability(f) + w.speed * speed + w.capability * capability;
+            base * f.headroom * f.view.rate_limit_factor
+        })
+        .collect()
+}
+
+fn unknown_last(v: Option<f64>) -> f64 {
+    v.unwrap_or(f64::INFINITY)
+}
+
+/// Order `candidates` by `strategy`, healthy first.
+pub fn rank(
+    catalog: &Catalog,
+    health: &HealthRegistry,
+    candidates: &[DeploymentIdx],
+    strategy: Strategy,
+    custom: Weights,
+    now_ms: u64,
+) -> Vec<DeploymentIdx> {
+    let all = facts(catalog, health, candidates, now_ms);
+    let mut order: Vec<usize> = (0..all.len()).collect();
+    let by = |a: &Facts, b: &Facts| -> Ordering {
+        match strategy {
+            Strategy::Chain => Ordering::Equal,
+            Strategy::Priority => a.priority.cmp(&b.priority),
+            Strategy::Cheapest => a.cost.cmp(&b.cost).then(a.priority.cmp(&b.priority)),
+            Strategy::Fastest => unknown_last(a.view.ttfb_ms)
+                .total_cmp(&unknown_last(b.view.ttfb_ms))
+                .then_with(|| {
+                    b.view
+                        .throughput
+                        .unwrap_or(0.0)
+                        .total_cmp(&a.view.throughput.unwrap_or(0.0))
+                })
+                .then(a.cost.cmp(&b.cost)),
+            Strategy::Reliable => reliability(b)
+                .total_cmp(&reliability(a))
+                .then_with(|| unknown_last(a.view.ttfb_ms).total_cmp(&unknown_last(b.view.ttfb_ms)))
+                .then(a.cost.cmp(&b.cost)),
+            // Scored blends are sorted below; load balancers fail over in this order.
+            _ => a
+                .priority
+                .cmp(&b.priority)
+                .then(a.cost.cmp(&b.cost))
+                .then_with(|| {
+                    unknown_last(a.view.ttfb_ms).total_cmp(&unknown_last(b.view.ttfb_ms))
+                }),
+        }
+    };
+    if let Some(w) = weights_of(strategy, custom) {
+        let scores = effective_scores(&all, w);
+        order.sort_by(|&a, &b| {
+            scores[b]
+                .total_cmp(&scores[a])
+                .then(all[a].priority.cmp(&all[b].priority))
+        });
+    } else {
+        order.sort_by(|&a, &b| by(&all[a], &all[b]));
+    }
+    // Healthy first, cooling last (stable).
+    order.sort_by_key(|&i| !all[i].view.available);
+    order.into_iter().map(|i| all[i].idx).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::health::clock::Clock;
+    use crate::health::{Observation, TargetRef};
+    use crate::metrics::Outcome;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    const CONFIG: &str = r#"
+providers:
+  a: { kind: openai, base_url: "http://127.0.0.1:1/v1" }
+  b: { kind: openai, base_url: "http://127.0.0.1:2/v1", priority: 5 }
+  c: { kind: openai, base_url: "http://127.0.0.1:3/v1" }
+models:
+  small: { capability: 1, deployments: [{ provider: a, model: s, price: { input_per_mtok: 0.1, output_per_mtok: 0.4 } }] }
+  mid: { capability: 3, deployments: [{ provider: b, model: m, price: { input_per_mtok: 1.0, output_per_mtok: 4.0 } }] }
+  big: { capability: 5, deployments: [{ provider: c, model: b, price: { input_per_mtok: 5.0, output_per_mtok: 20.0 } }] }
+"#;
+
+    fn setup() -> (
+        Arc<Catalog>,
+        Arc<HealthRegistry>,
+        Arc<crate::health::clock::ManualClock>,
+    ) {
+        let config = crate::config::parse(CONFIG).expect("valid");
+        let resolve = |_: &str, p: u16| vec![std::net::SocketAddr::from(([127, 0, 0, 1], p))];
+        let read = |_: &crate::config::KeySource| Ok(None);
+        let (catalog, _) = Catalog::build(&config, &resolve, &read).expect("catalog");
+        let clock = Arc::new(crate::health::clock::ManualClock::new());
+        let reg = Arc::new(HealthRegistry::new(
+            &catalog,
+            crate::config::HealthPolicy::default(),
+            clock.clone(),
+        ));
+        (Arc::new(catalog), reg, clock)
+    }
+
+    fn names(c: &Catalog, order: &[DeploymentIdx]) -> Vec<String> {
+        order
+            .iter()
+            .map(|d| c.deployment(*d).upstream_model.to_string())
+            .collect()
+    }
+
+    fn all(c: &Catalog) -> Vec<DeploymentIdx> {
+        c.deployments.iter().map(|d| d.idx).collect()
+    }
+
+    /// The target of the deployment whose upstream model is `name`.
+    fn target(c: &Catalog, name: &str) -> TargetRef {
+        let d = c
+            .deployments
+            .iter()
+            .find(|d| &*d.upstream_model == name)
+            .expect("deployment");
+        TargetRef {
+            deployment: Some(d.idx),
+            provider: d.provider,
+            credential: 0,
+        }
+    }
+
+    fn ok(c: &Catalog, reg: &HealthRegistry, name: &str, ttfb_ms: u64) {
+        reg.observe(
+            target(c, name),
+            &Observation {
+                outcome: Outcome::Ok,
+                ttfb: Some(Duration::from_millis(ttfb_ms)),
+                latency: Some(Duration::from_millis(ttfb_ms * 2)),
+                output_tokens: Some(100),
+                retry_after: None,
+                probe: false,
+            },
+        );
+    }
+
+    #[test]
+    fn static_orders() {
+        let (c, reg, clock) = setup();
+        let now = clock.now_ms();
+        let w = Weights::BALANCED;
+        // Catalog order is by model name: big (b), mid (m), small (s).
+        assert_eq!(
+            names(&c, &rank(&c, &reg, &all(&c), Strategy::Priority, w, now)),
+            ["m", "b", "s"]
+        );
+        assert_eq!(
+            names(&c, &rank(&c, &reg, &all(&c), Strategy::Cheapest, w, now)),
+            ["s", "m", "b"]
+        );
+        assert_eq!(
+            names(&c, &rank(&c, &reg, &all(&c), Strategy::Smartest, w, now)),
+            ["b", "m", "s"]
+        );
+        assert_eq!(
+            names(&c, &rank(&c, &reg, &all(&c), Strategy::Chain, w, now)),
+            ["b", "m", "s"]
+        );
+    }
+
+    #[test]
+    fn fastest_prefers_measured_speed_and_puts_unknown_last() {
+        let (c, reg, clock) = setup();
+        ok(&c, &reg, "b", 50);
+        ok(&c, &reg, "m", 400);
+        let order = rank(
+            &c,
+            &reg,
+            &all(&c),
+            Strategy::Fastest,
+            Weights::BALANCED,
+            clock.now_ms(),
+        );
+        assert_eq!(names(&c, &order), ["b", "m", "s"]);
+    }
+
+    #[test]
+    fn reliable_prefers_success_and_ejected_go_last() {
+        let (c, reg, clock) = setup();
+        let fail = |name: &str| {
+            reg.observe(
+                target(&c, name),
+                &Observation {
+                    outcome: Outcome::ServerError,
+                    ttfb: None,
+                    latency: None,
+                    output_tokens: None,
+                    retry_after: None,
+                    probe: false,
+                },
+            );
+        };
+        for _ in 0..5 {
+            ok(&c, &reg, "s", 100);
+            ok(&c, &reg, "m", 100);
+        }
+        fail("m");
+        let now = clock.now_ms();
+        let order = names(
+            &c,
+            &rank(
+                &c,
+                &reg,
+                &all(&c),
+                Strategy::Reliable,
+                Weights::BALANCED,
+                now,
+            ),
+        );
+        assert_eq!(order.last().map(String::as_str), Some("m"), "{order:?}");
+        // Eject `s`: whatever the strategy, it goes last.
+        for _ in 0..3 {
+            fail("s");
+        }
+        let order = rank(
+            &c,
+            &reg,
+            &all(&c),
+            Strategy::Cheapest,
+            Weights::BALANCED,
+            clock.now_ms(),
+        );
+        assert_eq!(names(&c, &order), ["m", "b", "s"]);
+    }
+
+    #[test]
+    fn balanced_blends_and_headroom_holds_back() {
+        let (c, reg, clock) = setup();
+        let now = clock.now_ms();
+        let order = rank(
+            &c,
+            &reg,
+            &all(&c),
+            Strategy::Balanced,
+            Weights::BALANCED,
+            now,
+        );
+        // All equally reliable and unknown speed: capability decides.
+        assert_eq!(names(&c, &order), ["b", "m", "s"]);
+        assert!((headroom_factor(0, 100) - 1.0).abs() < 1e-9);
+        assert!((headroom_factor(90, 100) - 0.55).abs() < 1e-9);
+        assert!((headroom_factor(500, 100) - 0.1).abs() < 1e-9);
+    }
+}

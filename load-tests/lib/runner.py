@@ -184,17 +184,44 @@ def fd_count(pid):
         return None
 
 
+def cpu_stat():
+    """Per-CPU (busy, total) jiffies from /proc/stat, keyed 'cpu', 'cpu0', 'cpu1', ..."""
+    out = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            if not line.startswith("cpu"):
+                break
+            parts = line.split()
+            vals = [int(v) for v in parts[1:9]]
+            idle = vals[3] + vals[4]
+            out[parts[0]] = (sum(vals) - idle, sum(vals))
+    return out
+
+
+LOADAVG_MAX = [0.0]
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        v = float(f.read().split()[0])
+    LOADAVG_MAX[0] = max(LOADAVG_MAX[0], v)
+    return v
+
+
 class Meter:
-    """CPU time (utime+stime of the process tree) between start() and stop(); VmHWM at stop."""
+    """CPU time (utime+stime of the process tree) between start() and stop(); VmHWM at stop;
+    and how busy each CPU of the host was meanwhile (to spot foreign load)."""
 
     def __init__(self, proc):
         self.proc = proc
         self.pids = proc.tree() if proc else []
         self.t0 = cpu_ticks(self.pids)
+        self.s0 = cpu_stat()
         self.w0 = time.monotonic()
         self.cpu_s = None
         self.wall_s = None
         self.hwm_kb = None
+        self.host = None
 
     def stop(self):
         # Children may have appeared (workers forked late): include them.
@@ -202,6 +229,10 @@ class Meter:
         self.cpu_s = (cpu_ticks(self.pids) - self.t0) / float(CLK_TCK)
         self.wall_s = time.monotonic() - self.w0
         self.hwm_kb = status_kb(self.pids, "VmHWM")
+        s1 = cpu_stat()
+        self.host = {k: round(100.0 * (s1[k][0] - self.s0[k][0]) / max(1, s1[k][1] - self.s0[k][1]), 1)
+                     for k in s1 if k in self.s0}
+        loadavg()
         return self
 
 
@@ -305,6 +336,8 @@ def haproxy_conf(ctx, port, upstreams, threads, failover=False):
 
 defaults
   mode http
+  # Send what arrives at once (no MSG_MORE): without it HAProxy holds back SSE events.
+  option http-no-delay
   timeout connect 5s
   timeout client 60s
   timeout server 60s
@@ -636,6 +669,7 @@ def add_row(ctx, system, scenario, res=None, meter=None, failed=None, note=None,
         if res and res.get("requests"):
             row["cpu_us_per_req"] = meter.cpu_s * 1e6 / res["requests"]
         row["hwm_kb"] = meter.hwm_kb
+        row["host_busy_pct"] = meter.host
     if note:
         row["note"] = note
     if baseline_for_added:
@@ -1168,6 +1202,9 @@ def machine_spec(ctx):
             model, " (%s VM)" % hyp if hyp else "", os.cpu_count() or 0, mem_kb / 1048576.0,
             platform.release(), sh(". /etc/os-release && echo $PRETTY_NAME")),
         "- tools: " + "; ".join("%s %s" % kv for kv in versions),
+        "- host load: 1-min load average %.2f at the start, %.2f at most during the run "
+        "(other jobs on this shared machine add noise; per-CPU busy %% of every measurement is in "
+        "the .json)" % (ctx.load_start, LOADAVG_MAX[0]),
         "- run: threads/workers per system %d; %s; duration %gs per measurement (+%gs warm-up)%s; "
         "scenarios %s" % (ctx.args.threads, pin, ctx.dur, ctx.warm,
                           " (--quick)" if ctx.args.quick else "", ",".join(ctx.args.scenarios)),
@@ -1285,6 +1322,7 @@ def main():
         raise KeyboardInterrupt("signal %d" % signum)
     signal.signal(signal.SIGTERM, on_signal)
     detect_tools(ctx)
+    ctx.load_start = loadavg()
     try:
         for s in args.scenarios:
             t0 = time.monotonic()

@@ -126,6 +126,16 @@ impl RequestCtx {
 
     /// Close the current attempt with an outcome: log it and record it in the health registry.
     pub fn finish_attempt(&mut self, outcome: Outcome) {
+        self.close_attempt(outcome, true);
+    }
+
+    /// Close the current attempt without judging the target (a stale pooled connection the
+    /// upstream had closed: not the target's failure).
+    pub fn abandon_attempt(&mut self, outcome: Outcome) {
+        self.close_attempt(outcome, false);
+    }
+
+    fn close_attempt(&mut self, outcome: Outcome, judge: bool) {
         let retry_after = self.retry_after.take();
         if let Some(a) = self.current.take() {
             let now = Instant::now();
@@ -141,7 +151,8 @@ impl RequestCtx {
                 duration,
                 followed: false,
             });
-            if let Some(guard) = self.guard.take() {
+            let guard = self.guard.take();
+            if let (Some(guard), true) = (guard, judge) {
                 guard.finish(Observation {
                     outcome,
                     ttfb,

@@ -40,7 +40,7 @@ use crate::adapters::openai::{sse_error_event, ChatRequest, ResponseRewriter};
 use crate::error::{ErrorCode, GatewayError};
 use crate::metrics::{status_class_index, Metrics, Outcome};
 use crate::retry::{self, StatusVerdict};
-use crate::routing::plan::{prefix_hash, splitmix64, Advance, Plan, PlanEnv, RequestFacts};
+use crate::routing::plan::{prefix_hash, Advance, Plan, PlanEnv, RequestFacts};
 use crate::routing::scoring::rank;
 use crate::routing::session::stable_hash;
 use crate::routing::{resolve, Resolution, ResolveError, Router, Strategy, Tables};
@@ -247,9 +247,8 @@ impl Gateway {
             round_robin: route
                 .round_robin
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            seed: splitmix64(
-                ctx.started.elapsed().as_nanos() as u64 ^ u64::from(ctx.request_id.as_bytes()[31]),
-            ),
+            // Request ids are unique per request: a fresh seed for this request's draws.
+            seed: stable_hash(ctx.request_id.as_bytes()),
         };
         let mut plan = match resolution {
             Resolution::Route(r) => {
@@ -636,21 +635,17 @@ impl ProxyHttp for Gateway {
                 Ok(())
             }
             StatusVerdict::Failover { outcome, advance } => {
-                if outcome == Outcome::RateLimited {
-                    if let Some(secs) = upstream_response
-                        .headers
-                        .get(header::RETRY_AFTER)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| {
-                            retry::parse_retry_after(
-                                v,
-                                std::time::SystemTime::now(),
-                                RETRY_AFTER_CAP,
-                            )
-                        })
-                    {
-                        ctx.failures.note_retry_after(secs.as_secs().max(1));
-                    }
+                let wall = ctx
+                    .router
+                    .as_ref()
+                    .map_or_else(std::time::SystemTime::now, |r| r.health.clock.wall());
+                ctx.retry_after = upstream_response
+                    .headers
+                    .get(header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| retry::parse_retry_after(v, wall, RETRY_AFTER_CAP));
+                if let (Outcome::RateLimited, Some(wait)) = (outcome, ctx.retry_after) {
+                    ctx.failures.note_retry_after(wait.as_secs().max(1));
                 }
                 ctx.status_outcome = Some((outcome, advance));
                 Err(Error::explain(
@@ -677,6 +672,9 @@ impl ProxyHttp for Gateway {
         respond::add_routing_headers(upstream_response, ctx, Instant::now())?;
         ctx.status = Some(upstream_response.status.as_u16());
         ctx.committed = true;
+        if upstream_response.status.is_success() {
+            bind_session(ctx);
+        }
         Ok(())
     }
 
@@ -763,11 +761,14 @@ impl ProxyHttp for Gateway {
         let outcome = retry::classify_proxy_error(&e);
         // A pooled connection the upstream had already closed is not a failure of the target:
         // call the same target once more on a fresh connection.
-        let stale = client_reused && outcome == Outcome::Reset && !ctx.retry_same;
+        let stale = client_reused
+            && outcome == Outcome::Reset
+            && !ctx.retry_same
+            && !ctx.current.is_some_and(|a| a.target.probe);
         if stale {
             if let Some(attempt) = ctx.current {
                 let max = ctx.tables.as_ref().map_or(0, |t| t.failover.max_attempts);
-                ctx.finish_attempt(Outcome::Reset);
+                ctx.abandon_attempt(Outcome::Reset);
                 ctx.retry_same = true;
                 let retry = ctx.attempts < max;
                 ctx.pending = retry.then_some(attempt.target);
@@ -846,7 +847,7 @@ impl ProxyHttp for Gateway {
     where
         Self::CTX: Send + Sync,
     {
-        if let Some(attempt) = ctx.current {
+        if ctx.current.is_some() {
             // The attempt whose response was relayed (or that ended with the request).
             let empty = ctx.stream.empty_choices || (ctx.is_sse && ctx.stream.data_events == 0);
             let outcome = if ctx.served.is_some() && empty && !ctx.stream.upstream_error_event {
@@ -863,15 +864,6 @@ impl ProxyHttp for Gateway {
                 Outcome::Cancelled
             };
             ctx.finish_attempt(outcome);
-            if let (Outcome::Ok, Some(hash), Some(router), Some(tables), Some(plan)) =
-                (outcome, ctx.session, &ctx.router, &ctx.tables, &ctx.plan)
-            {
-                if let Some(d) = plan.deployment(&tables.catalog, attempt.target.position) {
-                    if d.model.is_some() {
-                        router.sessions.put(hash, d.idx, router.health.now_ms());
-                    }
-                }
-            }
         }
         if ctx.in_flight {
             self.state.metrics.in_flight.dec();
@@ -950,6 +942,25 @@ impl ProxyHttp for Gateway {
             session.req_header().uri.path(),
             ctx.request_id.to_str().unwrap_or("")
         )
+    }
+}
+
+/// A successful answer binds the caller's session (`x-llm-session`) to the deployment that
+/// served it. Done when the header goes out, so the caller's next request already sees it.
+fn bind_session(ctx: &RequestCtx) {
+    let (Some(hash), Some(router), Some(tables), Some(plan), Some(served)) = (
+        ctx.session,
+        &ctx.router,
+        &ctx.tables,
+        &ctx.plan,
+        &ctx.served,
+    ) else {
+        return;
+    };
+    if let Some(d) = plan.deployment(&tables.catalog, served.target.position) {
+        if d.model.is_some() {
+            router.sessions.put(hash, d.idx, router.health.now_ms());
+        }
     }
 }
 

@@ -506,11 +506,17 @@ impl Plan {
                 }
             }
         }
+        if env.degraded {
+            return None;
+        }
+        if is_learned(self.strategy) {
+            return self.explore(env);
+        }
         let by_cost = matches!(
             self.strategy,
             Strategy::Cheapest | Strategy::PriorityCheapest
         );
-        if !(self.strategy.is_load_balancing() || by_cost) || env.degraded {
+        if !(self.strategy.is_load_balancing() || by_cost) {
             return None;
         }
         let healthy: Vec<usize> = (0..self.len())
@@ -608,6 +614,63 @@ impl Plan {
             }
             _ => None,
         }
+    }
+}
+
+/// Strategies that order by what live traffic measured: they need exploration, or a
+/// candidate that was never tried would never be measured.
+fn is_learned(s: Strategy) -> bool {
+    matches!(
+        s,
+        Strategy::Fastest
+            | Strategy::Reliable
+            | Strategy::Balanced
+            | Strategy::Smartest
+            | Strategy::Custom
+    )
+}
+
+/// How often a learned strategy sends a request to a healthy candidate it has no latency
+/// sample for, and how often to any other healthy candidate.
+const EXPLORE_UNMEASURED: f64 = 0.25;
+const EXPLORE_MEASURED: f64 = 0.05;
+
+impl Plan {
+    /// Exploration for learned strategies: now and then, lead with a healthy candidate other
+    /// than the top one (an unmeasured one preferably) so its measurements stay current.
+    fn explore(&mut self, env: &PlanEnv<'_>) -> Option<usize> {
+        let roll = self.draw_f64();
+        if roll >= EXPLORE_UNMEASURED {
+            return None;
+        }
+        let healthy: Vec<usize> = (0..self.len())
+            .filter(|&p| self.healthy_now(env, p))
+            .collect();
+        if healthy.len() < 2 {
+            return None;
+        }
+        let unmeasured: Vec<usize> = healthy
+            .iter()
+            .copied()
+            .filter(|&p| {
+                self.deployment(env.catalog, p)
+                    .is_some_and(|d| Self::load(env, d).1.is_infinite())
+            })
+            .collect();
+        self.rng = splitmix64(self.rng);
+        if !unmeasured.is_empty() {
+            return unmeasured
+                .get(usize::try_from(self.rng % unmeasured.len() as u64).unwrap_or(0))
+                .copied();
+        }
+        if roll >= EXPLORE_MEASURED {
+            return None;
+        }
+        // Any healthy candidate but the current leader.
+        let others = &healthy[1..];
+        others
+            .get(usize::try_from(self.rng % others.len() as u64).unwrap_or(0))
+            .copied()
     }
 }
 

@@ -98,6 +98,11 @@ impl AddrCell {
     pub fn snapshot(&self) -> Arc<Vec<SocketAddr>> {
         self.addrs.load_full()
     }
+
+    /// Whether the host has no address yet (a guard load: no reference-count traffic).
+    pub fn is_empty(&self) -> bool {
+        self.addrs.load().is_empty()
+    }
 }
 
 /// One API key of a provider (or none, for keyless endpoints).

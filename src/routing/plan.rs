@@ -288,7 +288,7 @@ impl Plan {
         if !p.enabled {
             return Err(SkipReason::ProviderDisabled);
         }
-        if p.addrs.snapshot().is_empty() {
+        if p.addrs.is_empty() {
             return Err(SkipReason::Unresolved);
         }
         if !is_adhoc {
@@ -519,29 +519,27 @@ impl Plan {
         if !(self.strategy.is_load_balancing() || by_cost) {
             return None;
         }
-        let healthy: Vec<usize> = (0..self.len())
-            .filter(|&p| self.healthy_now(env, p))
-            .collect();
-        if healthy.is_empty() {
+        // Equivalent deployments: the healthy ones of the best priority. The ranked order is
+        // priority-first for these strategies, so the scan stops at the first worse priority.
+        // The weighted draw and plain `cheapest` span every healthy candidate.
+        let whole = matches!(self.strategy, Strategy::Weighted | Strategy::Cheapest);
+        let mut tier: Vec<usize> = Vec::new();
+        let mut best: Option<i32> = None;
+        for pos in 0..self.len() {
+            let Some(priority) = self.deployment(env.catalog, pos).map(|d| d.priority) else {
+                continue;
+            };
+            if !whole && best.is_some_and(|b| priority > b) {
+                break;
+            }
+            if self.healthy_now(env, pos) {
+                best.get_or_insert(priority);
+                tier.push(pos);
+            }
+        }
+        if tier.is_empty() {
             return None;
         }
-        // Equivalent deployments: the best priority among the healthy ones (the weighted draw
-        // and plain `cheapest` span every healthy candidate).
-        let tier: Vec<usize> = if matches!(self.strategy, Strategy::Weighted | Strategy::Cheapest) {
-            healthy
-        } else {
-            let best = healthy
-                .iter()
-                .filter_map(|&p| self.deployment(env.catalog, p).map(|d| d.priority))
-                .min()?;
-            healthy
-                .into_iter()
-                .filter(|&p| {
-                    self.deployment(env.catalog, p)
-                        .is_some_and(|d| d.priority == best)
-                })
-                .collect()
-        };
         // Draw before borrowing the candidates.
         self.rng = splitmix64(self.rng);
         let r = self.rng;

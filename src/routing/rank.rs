@@ -31,6 +31,9 @@ pub struct Rankings {
     pub tables_generation: u64,
     pub built_ms: u64,
     pub orders: Vec<Arc<[DeploymentIdx]>>,
+    /// The soonest moment an ejection, bench or cooldown seen in this pass ends: the ranker
+    /// wakes then, so a recovered target regains its place without waiting for the tick.
+    pub next_change_ms: Option<u64>,
 }
 
 impl Rankings {
@@ -54,10 +57,21 @@ impl Rankings {
                 }
             })
             .collect();
+        let next_change_ms = tables
+            .catalog
+            .deployments
+            .iter()
+            .filter_map(|d| {
+                health
+                    .deployment_view(&tables.catalog, d.idx, now_ms)
+                    .soonest_ms
+            })
+            .min();
         Self {
             tables_generation: tables.generation,
             built_ms: now_ms,
             orders,
+            next_change_ms,
         }
     }
 
@@ -156,10 +170,22 @@ impl BackgroundService for RankerService {
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // Wake when the soonest ejection or cooldown ends, if that comes before the tick.
+            let wake = self.router.rankings.load().next_change_ms.map(|at| {
+                let now = self.router.health.now_ms();
+                tokio::time::Instant::now() + Duration::from_millis(at.saturating_sub(now) + 1)
+            });
+            let expiry = async {
+                match wake {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = tick.tick() => self.router.rerank(),
                 () = self.router.health.transitions.notified() => self.router.rerank(),
+                () = expiry => self.router.rerank(),
             }
         }
     }

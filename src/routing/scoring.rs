@@ -365,6 +365,54 @@ models:
     }
 
     #[test]
+    fn custom_weights_and_rate_limit_penalty() {
+        let (c, reg, clock) = setup();
+        let now = clock.now_ms();
+        let cheap_first = Weights {
+            reliability: 0.0,
+            speed: 0.0,
+            capability: 1.0,
+        };
+        assert_eq!(
+            names(
+                &c,
+                &rank(&c, &reg, &all(&c), Strategy::Custom, cheap_first, now)
+            ),
+            ["b", "m", "s"]
+        );
+        // A 429 on b's credential holds it back below m in the balanced blend.
+        let t = target(&c, "b");
+        reg.observe(
+            t,
+            &Observation {
+                outcome: Outcome::RateLimited,
+                ttfb: None,
+                latency: None,
+                output_tokens: None,
+                retry_after: Some(Duration::from_millis(1)),
+                probe: false,
+            },
+        );
+        clock.advance(Duration::from_millis(5));
+        let order = names(
+            &c,
+            &rank(
+                &c,
+                &reg,
+                &all(&c),
+                Strategy::Smartest,
+                Weights::BALANCED,
+                clock.now_ms(),
+            ),
+        );
+        assert_eq!(
+            order,
+            ["m", "b", "s"],
+            "the rate-limit factor (0.5) outweighs b's capability edge"
+        );
+    }
+
+    #[test]
     fn balanced_blends_and_headroom_holds_back() {
         let (c, reg, clock) = setup();
         let now = clock.now_ms();

@@ -252,6 +252,28 @@ impl Gateway {
         }
     }
 
+    /// Wait until no credential is cooling (tests that turn breakers off still cool a key for
+    /// a millisecond after a 401/403/429).
+    pub async fn wait_credentials_usable(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let h: serde_json::Value = reqwest::get(format!("http://{}/admin/health", self.admin))
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let cooling = h["credentials"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|c| !c["cooling"].is_null()));
+            if !cooling {
+                return;
+            }
+            assert!(Instant::now() < deadline, "credentials still cooling: {h}");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
     pub fn config_dir(&self) -> &Path {
         self.dir.path()
     }

@@ -1,0 +1,96 @@
+//! The request body scan and per-attempt rewrite, and the response `model` rewrite, beside
+//! `serde_json` doing the same work (parse to a `Value`, edit, serialise) in the same run.
+//!
+//! Run: `cargo bench --bench adapters`.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use signalbox::adapters::openai::{ChatRequest, ResponseRewriter, StreamStats};
+
+fn body(size: usize) -> Bytes {
+    let filler: String = "the quick brown fox jumps over the lazy dog "
+        .chars()
+        .cycle()
+        .take(size)
+        .collect();
+    Bytes::from(format!(
+        r#"{{"model":"fast","messages":[{{"role":"system","content":"You are terse."}},{{"role":"user","content":"{filler}"}}],"temperature":0.2,"stream":false,"routing":{{"providers":["a"]}}}}"#
+    ))
+}
+
+fn bench_request(c: &mut Criterion) {
+    let mut g = c.benchmark_group("request_body");
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    for size in [2 << 10, 100 << 10, 1 << 20] {
+        let b = body(size);
+        g.throughput(Throughput::Bytes(b.len() as u64));
+        g.bench_with_input(
+            BenchmarkId::new("scan_and_rewrite", size),
+            &b,
+            |bench, b| {
+                bench.iter(|| {
+                    let req = ChatRequest::parse(b.clone()).expect("valid");
+                    black_box(req.body_for(b"\"gpt-4o-mini-2024-07-18\""))
+                });
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("baseline_serde_value", size),
+            &b,
+            |bench, b| {
+                bench.iter(|| {
+                    let mut v: serde_json::Value = serde_json::from_slice(b).expect("valid");
+                    let obj = v.as_object_mut().expect("object");
+                    let _model = obj
+                        .get("model")
+                        .and_then(|m| m.as_str())
+                        .map(str::to_string);
+                    obj.remove("routing");
+                    obj.insert("model".into(), "gpt-4o-mini-2024-07-18".into());
+                    black_box(serde_json::to_vec(&v).expect("serialise"))
+                });
+            },
+        );
+    }
+    g.finish();
+}
+
+fn bench_response(c: &mut Criterion) {
+    let mut g = c.benchmark_group("response_body");
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    let json = Bytes::from_static(br#"{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"gpt-4o-mini-2024-07-18","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there, how can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":9,"total_tokens":21}}"#);
+    g.bench_function("json_model_rewrite", |b| {
+        b.iter(|| {
+            let mut rw = ResponseRewriter::Json {
+                caller_model: Bytes::from_static(b"\"fast\""),
+                buf: BytesMut::new(),
+            };
+            let mut stats = StreamStats::default();
+            let mut chunk = Some(json.clone());
+            rw.filter(&mut chunk, true, &mut stats);
+            black_box(chunk)
+        });
+    });
+    let event = Bytes::from_static(b"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o-mini-2024-07-18\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"},\"finish_reason\":null}]}\n\n");
+    g.bench_function("sse_event_model_rewrite", |b| {
+        let mut rw = ResponseRewriter::Sse {
+            caller_model: Bytes::from_static(b"\"fast\""),
+            carry: BytesMut::new(),
+        };
+        let mut stats = StreamStats::default();
+        b.iter(|| {
+            let mut chunk = Some(event.clone());
+            rw.filter(&mut chunk, false, &mut stats);
+            black_box(chunk)
+        });
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_request, bench_response);
+criterion_main!(benches);

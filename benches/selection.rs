@@ -1,0 +1,267 @@
+//! Plan building and first-target selection for 10, 100 and 1,000 deployments, beside a naive
+//! `Mutex<HashMap>` gateway doing the same decision; the ranker pass; and readers selecting
+//! while a writer swaps snapshots (ArcSwap vs a mutex-guarded snapshot).
+//!
+//! Run: `cargo bench --bench selection`. Compare each signalbox figure with its baseline from
+//! the same run: absolute numbers drift on shared machines.
+
+// The baseline is a deliberately naive, lock-based gateway.
+#![allow(
+    clippy::disallowed_types,
+    clippy::cast_possible_truncation,
+    clippy::cast_precision_loss
+)]
+
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use signalbox::catalog::Catalog;
+use signalbox::config::KeySource;
+use signalbox::health::clock::SystemClock;
+use signalbox::health::HealthRegistry;
+use signalbox::metrics::Metrics;
+use signalbox::routing::plan::{Advance, Plan, PlanEnv, RequestFacts};
+use signalbox::routing::{resolve, Resolution, Router, Tables};
+
+const SIZES: [usize; 3] = [10, 100, 1000];
+
+/// One model `m` with `n` deployments over 10 providers, priorities in 4 tiers, prices varied.
+fn config_text(n: usize, strategy: &str) -> String {
+    let mut s = String::from("providers:\n");
+    for p in 0..10 {
+        let _ = writeln!(
+            s,
+            "  p{p}: {{ kind: openai, base_url: \"http://127.0.0.1:{}/v1\" }}",
+            20000 + p
+        );
+    }
+    let _ = writeln!(
+        s,
+        "models:\n  m:\n    strategy: {strategy}\n    deployments:"
+    );
+    for d in 0..n {
+        let _ = writeln!(
+            s,
+            "      - {{ provider: p{}, model: up-{d}, priority: {}, weight: {}, price: {{ input_per_mtok: {}, output_per_mtok: {} }} }}",
+            d % 10,
+            d % 4,
+            1 + d % 7,
+            0.1 + (d % 13) as f64 * 0.2,
+            0.4 + (d % 11) as f64 * 0.3,
+        );
+    }
+    s
+}
+
+fn router(n: usize, strategy: &str) -> Arc<Router> {
+    let config = signalbox::config::parse(&config_text(n, strategy)).expect("valid config");
+    let resolve_addr = |_: &str, p: u16| vec![std::net::SocketAddr::from(([127, 0, 0, 1], p))];
+    let read = |_: &KeySource| Ok(None);
+    let (catalog, _) = Catalog::build(&config, &resolve_addr, &read).expect("catalog");
+    let catalog = Arc::new(catalog);
+    let health = Arc::new(HealthRegistry::new(
+        &catalog,
+        config.health,
+        Arc::new(SystemClock::new()),
+    ));
+    let metrics = Metrics::new().expect("metrics");
+    let tables = Tables::build(&config, catalog, &metrics, 1);
+    Arc::new(Router::new(tables, health))
+}
+
+/// The request path's decision: snapshot load, name resolution, plan, first target.
+fn select(router: &Router, seed: u64) -> Option<usize> {
+    let tables = router.tables.load_full();
+    let Ok(Resolution::Route(r)) = resolve(&tables, "m") else {
+        return None;
+    };
+    let route = tables.route(r);
+    let order = router.rankings.load().order(&tables, r);
+    let facts = RequestFacts {
+        input_tokens: 500,
+        output_tokens: 256,
+        round_robin: route.round_robin.fetch_add(1, Ordering::Relaxed),
+        seed,
+        ..RequestFacts::default()
+    };
+    let mut plan = Plan::new(order, route.strategy, facts);
+    let env = PlanEnv {
+        catalog: &tables.catalog,
+        health: &router.health,
+        now_ms: router.health.now_ms(),
+        degraded: false,
+    };
+    plan.next(&env, Advance::NextDeployment).map(|t| t.position)
+}
+
+/// What a naive gateway does: lock a map, look the model up, filter healthy deployments,
+/// sort by priority and price, take the first.
+#[derive(Clone)]
+struct NaiveDeployment {
+    name: String,
+    priority: i32,
+    price: f64,
+}
+
+struct Naive {
+    models: Mutex<HashMap<String, Vec<NaiveDeployment>>>,
+    healthy: Mutex<HashMap<String, bool>>,
+}
+
+fn naive(n: usize) -> Naive {
+    let deps: Vec<NaiveDeployment> = (0..n)
+        .map(|d| NaiveDeployment {
+            name: format!("p{}/up-{d}", d % 10),
+            priority: (d % 4) as i32,
+            price: 0.1 + (d % 13) as f64 * 0.2,
+        })
+        .collect();
+    let healthy = deps.iter().map(|d| (d.name.clone(), true)).collect();
+    Naive {
+        models: Mutex::new(HashMap::from([("m".to_string(), deps)])),
+        healthy: Mutex::new(healthy),
+    }
+}
+
+fn naive_select(n: &Naive) -> Option<String> {
+    let mut candidates = n.models.lock().ok()?.get("m")?.clone();
+    {
+        let healthy = n.healthy.lock().ok()?;
+        candidates.retain(|d| healthy.get(&d.name).copied().unwrap_or(false));
+    }
+    candidates.sort_by(|a, b| {
+        a.priority
+            .cmp(&b.priority)
+            .then(a.price.total_cmp(&b.price))
+    });
+    candidates.first().map(|d| d.name.clone())
+}
+
+fn bench_selection(c: &mut Criterion) {
+    let mut g = c.benchmark_group("select");
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    for n in SIZES {
+        for strategy in ["priority_cheapest", "round_robin", "weighted", "fastest"] {
+            let r = router(n, strategy);
+            let mut seed = 1u64;
+            g.bench_with_input(BenchmarkId::new(strategy, n), &n, |b, _| {
+                b.iter(|| {
+                    seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                    black_box(select(&r, seed))
+                });
+            });
+        }
+        let nv = naive(n);
+        g.bench_with_input(BenchmarkId::new("baseline_mutex_hashmap", n), &n, |b, _| {
+            b.iter(|| black_box(naive_select(&nv)));
+        });
+    }
+    g.finish();
+}
+
+fn bench_ranker(c: &mut Criterion) {
+    let mut g = c.benchmark_group("rank_pass");
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    for n in SIZES {
+        let r = router(n, "balanced");
+        g.bench_with_input(BenchmarkId::new("rerank_and_swap", n), &n, |b, _| {
+            b.iter(|| r.rerank());
+        });
+    }
+    g.finish();
+}
+
+/// Readers select while one writer re-ranks and swaps as fast as it can.
+fn bench_contention(c: &mut Criterion) {
+    let mut g = c.benchmark_group("contention");
+    g.measurement_time(Duration::from_secs(4))
+        .warm_up_time(Duration::from_secs(1));
+    g.sample_size(20);
+    let n = 100;
+    let readers = 2;
+    let r = router(n, "priority_cheapest");
+    g.bench_function(BenchmarkId::new("arcswap_select_during_swaps", n), |b| {
+        b.iter_custom(|iters| {
+            let stop = Arc::new(AtomicBool::new(false));
+            let writer = {
+                let (r, stop) = (r.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        r.rerank();
+                    }
+                })
+            };
+            let per = iters / readers + 1;
+            let start = Instant::now();
+            let handles: Vec<_> = (0..readers)
+                .map(|i| {
+                    let r = r.clone();
+                    std::thread::spawn(move || {
+                        for k in 0..per {
+                            black_box(select(&r, k ^ i));
+                        }
+                    })
+                })
+                .collect();
+            for h in handles {
+                let _ = h.join();
+            }
+            let took = start.elapsed();
+            stop.store(true, Ordering::Relaxed);
+            let _ = writer.join();
+            took / u32::try_from(readers).unwrap_or(1)
+        });
+    });
+    // Baseline: the same selection against a snapshot behind a mutex the writer replaces.
+    let locked = Arc::new(Mutex::new(router(n, "priority_cheapest")));
+    g.bench_function(
+        BenchmarkId::new("baseline_mutex_select_during_swaps", n),
+        |b| {
+            b.iter_custom(|iters| {
+                let stop = Arc::new(AtomicBool::new(false));
+                let writer = {
+                    let (locked, stop) = (locked.clone(), stop.clone());
+                    std::thread::spawn(move || {
+                        while !stop.load(Ordering::Relaxed) {
+                            if let Ok(g) = locked.lock() {
+                                g.rerank();
+                            }
+                        }
+                    })
+                };
+                let per = iters / readers + 1;
+                let start = Instant::now();
+                let handles: Vec<_> = (0..readers)
+                    .map(|i| {
+                        let locked = locked.clone();
+                        std::thread::spawn(move || {
+                            for k in 0..per {
+                                if let Ok(g) = locked.lock() {
+                                    black_box(select(&g, k ^ i));
+                                }
+                            }
+                        })
+                    })
+                    .collect();
+                for h in handles {
+                    let _ = h.join();
+                }
+                let took = start.elapsed();
+                stop.store(true, Ordering::Relaxed);
+                let _ = writer.join();
+                took / u32::try_from(readers).unwrap_or(1)
+            });
+        },
+    );
+    g.finish();
+}
+
+criterion_group!(benches, bench_selection, bench_ranker, bench_contention);
+criterion_main!(benches);

@@ -69,6 +69,7 @@ fn bench_response(c: &mut Criterion) {
             let mut rw = ResponseRewriter::Json {
                 caller_model: Bytes::from_static(b"\"fast\""),
                 buf: BytesMut::new(),
+                fixed_len: Some(json.len()),
             };
             let mut stats = StreamStats::default();
             let mut chunk = Some(json.clone());

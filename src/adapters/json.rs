@@ -156,6 +156,37 @@ pub fn decode_string(lit: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
         .map(std::borrow::Cow::Owned)
 }
 
+/// The offset of the first byte that ends or escapes a JSON string, or is not allowed in one:
+/// `"`, `\\` or a control character (< 0x20). Eight bytes at a time (SWAR): prompts are
+/// mostly long strings, and this loop is most of the scan's cost.
+#[inline]
+fn find_string_special(s: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let mut i = 0;
+    while i + 8 <= s.len() {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&s[i..i + 8]);
+        let w = u64::from_le_bytes(word);
+        // A byte is flagged when it is < 0x20, == '"' or == '\\' (classic "has less than" and
+        // "has zero byte" tricks; false positives cannot happen for bytes < 0x80 and the
+        // scalar loop below settles any flagged word).
+        let lt = w.wrapping_sub(ONES * 0x20) & !w;
+        let quote = w ^ (ONES * u64::from(b'"'));
+        let backslash = w ^ (ONES * u64::from(b'\\'));
+        let zq = quote.wrapping_sub(ONES) & !quote;
+        let zb = backslash.wrapping_sub(ONES) & !backslash;
+        if (lt | zq | zb) & HIGHS != 0 {
+            break;
+        }
+        i += 8;
+    }
+    s[i..]
+        .iter()
+        .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
+        .map(|n| n + i)
+}
+
 struct Parser<'a> {
     b: &'a [u8],
     i: usize,
@@ -189,10 +220,7 @@ impl Parser<'_> {
         loop {
             // Fast skip over ordinary bytes.
             let rest = &self.b[self.i.min(self.b.len())..];
-            let n = rest
-                .iter()
-                .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
-                .ok_or(JsonError::Syntax(self.b.len()))?;
+            let n = find_string_special(rest).ok_or(JsonError::Syntax(self.b.len()))?;
             self.i += n;
             match self.b[self.i] {
                 b'"' => {
@@ -418,6 +446,31 @@ mod tests {
             out.drain(r);
             assert_eq!(std::str::from_utf8(&out).expect("utf8"), expect);
             assert!(serde_json::from_slice::<serde_json::Value>(&out).is_ok());
+        }
+    }
+
+    #[test]
+    fn string_special_scan_matches_the_scalar_rule() {
+        let scalar = |s: &[u8]| s.iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20);
+        let mut cases: Vec<Vec<u8>> = vec![
+            b"".to_vec(),
+            b"plain text without specials at all....".to_vec(),
+            "non-ascii é 日本語 text that goes on\"".as_bytes().to_vec(),
+        ];
+        for special in [b'"', b'\\', 0x00, 0x1f, b'\n'] {
+            for pos in 0..20 {
+                let mut v = vec![b'a'; 24];
+                v[pos] = special;
+                cases.push(v);
+            }
+        }
+        // Bytes just around the thresholds must not be flagged.
+        cases.push(vec![
+            0x20, 0x21, 0x23, 0x5b, 0x5d, 0x7f, 0x80, 0xff, 0x20, 0x21, 0x23, 0x5b, 0x5d, 0x7f,
+            0x80, 0xff,
+        ]);
+        for c in &cases {
+            assert_eq!(find_string_special(c), scalar(c), "{c:?}");
         }
     }
 

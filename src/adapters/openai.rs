@@ -243,8 +243,16 @@ pub struct StreamStats {
 pub enum ResponseRewriter {
     /// Relay as is.
     Passthrough,
-    /// A JSON body: held until complete, then `model` replaced.
-    Json { caller_model: Bytes, buf: BytesMut },
+    /// A JSON body: held until complete, then `model` replaced. With `fixed_len` (the
+    /// upstream's `Content-Length`, kept on the response), the body keeps exactly that length:
+    /// the caller's name is padded with spaces after the value (valid JSON), so the response
+    /// stays length-framed (one write, no chunk trailer). The proxy only chooses this when the
+    /// caller's name is not longer than the name sent upstream, which providers echo.
+    Json {
+        caller_model: Bytes,
+        buf: BytesMut,
+        fixed_len: Option<usize>,
+    },
     /// An SSE stream: `model` replaced in each `data:` event as it passes.
     Sse {
         caller_model: Bytes,
@@ -275,22 +283,33 @@ impl ResponseRewriter {
     pub fn filter(&mut self, body: &mut Option<Bytes>, eos: bool, stats: &mut StreamStats) {
         match self {
             ResponseRewriter::Passthrough => {}
-            ResponseRewriter::Json { caller_model, buf } => {
-                if let Some(chunk) = body.take() {
-                    if buf.len() + chunk.len() > MAX_JSON_REWRITE {
-                        // Too large to hold: release what we have and stop rewriting.
-                        let mut all = std::mem::take(buf);
-                        all.put_slice(&chunk);
-                        *body = Some(all.freeze());
-                        *self = ResponseRewriter::Passthrough;
-                        return;
+            ResponseRewriter::Json {
+                caller_model,
+                buf,
+                fixed_len,
+            } => {
+                let whole = match body.take() {
+                    // The common case: the whole body in one chunk, no copy.
+                    Some(chunk) if eos && buf.is_empty() => chunk,
+                    Some(chunk) => {
+                        if buf.len() + chunk.len() > MAX_JSON_REWRITE {
+                            // Too large to hold: release what we have and stop rewriting.
+                            let mut all = std::mem::take(buf);
+                            all.put_slice(&chunk);
+                            *body = Some(all.freeze());
+                            *self = ResponseRewriter::Passthrough;
+                            return;
+                        }
+                        buf.put_slice(&chunk);
+                        if !eos {
+                            return;
+                        }
+                        std::mem::take(buf).freeze()
                     }
-                    buf.put_slice(&chunk);
-                }
-                if eos {
-                    let whole = std::mem::take(buf).freeze();
-                    *body = Some(rewrite_json_object(&whole, caller_model, stats));
-                }
+                    None if eos => std::mem::take(buf).freeze(),
+                    None => return,
+                };
+                *body = Some(rewrite_json_object(&whole, caller_model, *fixed_len, stats));
             }
             ResponseRewriter::Sse {
                 caller_model,
@@ -369,22 +388,40 @@ fn memchr_newline(b: &[u8]) -> Option<usize> {
 
 const RESPONSE_KEYS: &[&[u8]] = &[b"model", b"usage", b"choices", b"error"];
 
-/// Replace the top-level `model` of a JSON object; unchanged if it is not one.
-fn rewrite_json_object(doc: &Bytes, caller_model: &[u8], stats: &mut StreamStats) -> Bytes {
+/// Replace the top-level `model` of a JSON object; unchanged if it is not one. With
+/// `fixed_len`, the result keeps the document's length (padding after the value), or the
+/// document is left unchanged when the caller's name does not fit or the length is not the
+/// one announced.
+fn rewrite_json_object(
+    doc: &Bytes,
+    caller_model: &[u8],
+    fixed_len: Option<usize>,
+    stats: &mut StreamStats,
+) -> Bytes {
     let Ok(scan) = json::scan_object(doc, RESPONSE_KEYS) else {
         return doc.clone();
     };
     note_stats(doc, &scan, stats);
-    match scan.get(0) {
-        Some(m) if doc.get(m.value.start) == Some(&b'"') => {
-            let mut out = BytesMut::with_capacity(doc.len() + caller_model.len());
-            out.put_slice(&doc[..m.value.start]);
-            out.put_slice(caller_model);
-            out.put_slice(&doc[m.value.end..]);
-            out.freeze()
+    let Some(m) = scan
+        .get(0)
+        .filter(|m| doc.get(m.value.start) == Some(&b'"'))
+    else {
+        return doc.clone();
+    };
+    let (start, end) = (m.value.start, m.value.end);
+    let padding = match fixed_len {
+        None => 0,
+        Some(len) if len == doc.len() && caller_model.len() <= end - start => {
+            end - start - caller_model.len()
         }
-        _ => doc.clone(),
-    }
+        Some(_) => return doc.clone(),
+    };
+    let mut out = BytesMut::with_capacity(doc.len() + caller_model.len());
+    out.put_slice(&doc[..start]);
+    out.put_slice(caller_model);
+    out.put_bytes(b' ', padding);
+    out.put_slice(&doc[end..]);
+    out.freeze()
 }
 
 fn note_stats(doc: &[u8], scan: &json::Scan, stats: &mut StreamStats) {
@@ -520,6 +557,7 @@ mod tests {
         let mut rw = ResponseRewriter::Json {
             caller_model: Bytes::from_static(b"\"fast\""),
             buf: BytesMut::new(),
+            fixed_len: None,
         };
         let mut stats = StreamStats::default();
         let mut first = Some(Bytes::from_static(br#"{"id":"x","model":"gpt-4o-mi"#));
@@ -541,6 +579,30 @@ mod tests {
                 completion_tokens: 4
             })
         );
+    }
+
+    #[test]
+    fn length_framed_rewrite_keeps_the_length() {
+        let doc = br#"{"id":"x","model":"gpt-4o-mini-2024-07-18","choices":[]}"#;
+        let run = |caller: &'static [u8], fixed: Option<usize>| {
+            let mut rw = ResponseRewriter::Json {
+                caller_model: Bytes::from_static(caller),
+                buf: BytesMut::new(),
+                fixed_len: fixed,
+            };
+            let mut b = Some(Bytes::from_static(doc));
+            rw.filter(&mut b, true, &mut StreamStats::default());
+            b.expect("body")
+        };
+        let out = run(b"\"fast\"", Some(doc.len()));
+        assert_eq!(out.len(), doc.len());
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("still JSON");
+        assert_eq!(v["model"], "fast");
+        // A caller name longer than the echoed one cannot fit: the body is left as it came.
+        let long = run(b"\"a-very-long-caller-facing-model-name\"", Some(doc.len()));
+        assert_eq!(&long[..], &doc[..]);
+        // A body that is not the announced length is not touched either.
+        assert_eq!(&run(b"\"fast\"", Some(doc.len() + 1))[..], &doc[..]);
     }
 
     #[test]

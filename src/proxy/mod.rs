@@ -608,12 +608,39 @@ impl ProxyHttp for Gateway {
                         carry: BytesMut::new(),
                     };
                 } else if starts_with_ignore_case(content_type, b"application/json") {
+                    // Keep the upstream's length framing when the caller's name fits in the
+                    // name sent upstream (providers echo it, often longer): the rewrite then
+                    // pads instead of changing the length.
+                    let sent_len = ctx
+                        .attempt_body
+                        .as_ref()
+                        .map_or(0, |(literal, _)| literal.len());
+                    let fixed_len = upstream_response
+                        .headers
+                        .get(header::CONTENT_LENGTH)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse::<usize>().ok())
+                        .filter(|_| caller_model.len() <= sent_len)
+                        .filter(|_| {
+                            upstream_response
+                                .headers
+                                .get(header::CONTENT_ENCODING)
+                                .is_none()
+                        });
                     ctx.rewriter = ResponseRewriter::Json {
                         caller_model,
                         buf: BytesMut::new(),
+                        fixed_len,
                     };
                 }
-                if !matches!(ctx.rewriter, ResponseRewriter::Passthrough) {
+                let length_kept = matches!(
+                    ctx.rewriter,
+                    ResponseRewriter::Json {
+                        fixed_len: Some(_),
+                        ..
+                    }
+                );
+                if !matches!(ctx.rewriter, ResponseRewriter::Passthrough) && !length_kept {
                     // The body changes length: re-frame it.
                     upstream_response.remove_header("content-length");
                     upstream_response.remove_header("content-encoding");

@@ -120,201 +120,25 @@ impl Gateway {
         ctx.in_flight = true;
 
         let req = session.req_header();
-        let path = req.uri.path();
-        let is_chat = matches!(path, "/v1/chat/completions" | "/chat/completions");
-        let is_models = matches!(path, "/v1/models" | "/models");
-        if is_models && req.method == Method::GET {
+        if req.method == Method::GET && matches!(req.uri.path(), "/v1/models" | "/models") {
             let body = respond::models_body(&tables);
             respond::write_json(session, ctx, 200, body, None).await?;
             return Ok(true);
         }
-        if !is_chat && !is_models {
-            return self
-                .refuse(session, ctx, gateway_error(ErrorCode::NotFound, "no such endpoint; signalbox serves POST /v1/chat/completions and GET /v1/models"))
-                .await;
-        }
-        if req.method != Method::POST {
-            return self
-                .refuse(
-                    session,
-                    ctx,
-                    gateway_error(ErrorCode::MethodNotAllowed, "this endpoint takes POST"),
-                )
-                .await;
-        }
-        let header_bytes: usize = req
-            .headers
-            .iter()
-            .map(|(k, v)| k.as_str().len() + v.len() + 4)
-            .sum();
-        if header_bytes > tables.limits.max_request_headers {
-            return self
-                .refuse(
-                    session,
-                    ctx,
-                    gateway_error(
-                        ErrorCode::HeadersTooLarge,
-                        "the request headers exceed the gateway's limit",
-                    ),
-                )
-                .await;
-        }
-
-        // The body, bounded, read so that Pingora replays it on every attempt.
-        let framing = body::framing(session);
-        if let Framing::Length(n) = framing {
-            if n > tables.limits.max_request_body {
-                return self.refuse_body_too_large(session, ctx).await;
-            }
-        }
-        let expects_continue = session
-            .req_header()
-            .headers
-            .get(header::EXPECT)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-        if expects_continue {
-            session.as_mut().write_continue_response().await?;
-        }
-        let body = match body::read_whole_body(session, framing, tables.limits.max_request_body)
-            .await
-        {
-            Ok(b) => b,
-            Err(BodyError::TooLarge) => return self.refuse_body_too_large(session, ctx).await,
-            Err(BodyError::ChunkedTooLarge) => {
-                session.set_keepalive(None);
-                return self
-                    .refuse(session, ctx, gateway_error(ErrorCode::LengthRequired, "chunked request bodies over 64KiB are not accepted; send a Content-Length"))
-                    .await;
-            }
-            Err(BodyError::NotReplayable) => {
-                return self
-                    .refuse(session, ctx, gateway_error(ErrorCode::HeadersTooLarge, "the request arrived in a way the gateway cannot replay (very large headers ahead of the body); reduce the headers"))
-                    .await;
-            }
-            Err(BodyError::Read(e)) => return Err(e),
-        };
-
-        let request = match ChatRequest::parse(body) {
-            Ok(r) => r,
-            Err(e) => {
-                let err = GatewayError::new(ErrorCode::InvalidRequest, e.message());
-                return self.refuse(session, ctx, err).await;
-            }
-        };
-
-        // Resolve the model and build the plan.
-        let model = request.model_name();
-        let resolution = match resolve(&tables, &model) {
-            Ok(r) => r,
-            Err(e) => {
-                let err = resolve_error(e, &model);
-                return self.refuse(session, ctx, err).await;
-            }
-        };
-        drop(model);
-        let route_idx = resolution.route();
-        ctx.route = Some(route_idx);
-        let route = tables.route(route_idx);
-
-        // Per-request facts for the lead decision.
-        let strategy = match request.routing.as_ref().and_then(|r| r.strategy.as_deref()) {
-            None => route.strategy,
-            Some(name) => match Strategy::parse(name) {
-                Some(s) => s,
-                None => {
-                    let err = GatewayError::new(
-                        ErrorCode::InvalidRequest,
-                        format!("`routing.strategy`: unknown strategy {:?}", truncate(name)),
-                    );
-                    return self.refuse(session, ctx, err).await;
-                }
+        let admitted = match check_request_line(session, &tables) {
+            Err(refusal) => Err(refusal),
+            Ok(()) => match read_request(session, &tables).await? {
+                Err(refusal) => Err(refusal),
+                Ok(request) => plan_request(session, ctx, &router, &tables, request),
             },
         };
-        ctx.session = session
-            .req_header()
-            .headers
-            .get("x-llm-session")
-            .filter(|v| !v.is_empty() && v.len() <= 256)
-            .map(|v| stable_hash(v.as_bytes()));
-        let now = router.health.now_ms();
-        let input_tokens = respond::estimate_input_tokens(request.body_len());
-        let facts = RequestFacts {
-            input_tokens,
-            output_tokens: request.max_tokens.unwrap_or(DEFAULT_OUTPUT_TOKENS),
-            prefix_hash: (strategy == Strategy::PrefixAffinity)
-                .then(|| prefix_hash(request.prompt(), tables.routing.prefix_bytes)),
-            session: ctx.session.and_then(|h| router.sessions.get(h, now)),
-            round_robin: route
-                .round_robin
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            // Request ids are unique per request: a fresh seed for this request's draws.
-            seed: stable_hash(ctx.request_id.as_bytes()),
-        };
-        let mut plan = match resolution {
-            Resolution::Route(r) => {
-                let order = if strategy == route.strategy {
-                    router.rankings.load().order(&tables, r)
-                } else {
-                    // A per-request strategy: rank this route for it now.
-                    Arc::from(rank(
-                        &tables.catalog,
-                        &router.health,
-                        &route.candidates,
-                        strategy,
-                        tables.routing.custom_weights,
-                        now,
-                    ))
-                };
-                Plan::new(order, strategy, facts)
-            }
-            Resolution::Adhoc { deployment, .. } => Plan::adhoc(deployment, facts),
-        };
-        if let Some(routing) = &request.routing {
-            if let Err(err) = apply_routing_override(&tables, routing, &mut plan) {
-                return self.refuse(session, ctx, err).await;
+        match admitted {
+            Ok(()) => Ok(false),
+            Err(refusal) => {
+                respond::write_error(session, ctx, refusal).await?;
+                Ok(true)
             }
         }
-        ctx.pending = plan.next(&plan_env(&router, &tables), Advance::NextDeployment);
-        ctx.request = Some(request);
-        if ctx.pending.is_none() {
-            let mut err = ctx.failures.final_error(&plan);
-            if err.code == ErrorCode::NoProviderAvailable {
-                // Fail fast: tell the caller when the soonest candidate frees up.
-                let secs = plan
-                    .soonest_ms()
-                    .map_or(1, |until| until.saturating_sub(now).div_ceil(1000).max(1));
-                err = err.with_retry_after(Some(secs));
-            }
-            ctx.plan = Some(plan);
-            return self.refuse(session, ctx, err).await;
-        }
-        ctx.plan = Some(plan);
-        Ok(false)
-    }
-
-    async fn refuse(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-        err: GatewayError,
-    ) -> pingora_error::Result<bool> {
-        respond::write_error(session, ctx, err).await?;
-        Ok(true)
-    }
-
-    async fn refuse_body_too_large(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-    ) -> pingora_error::Result<bool> {
-        // The rest of the body is not read: the connection cannot be reused.
-        session.set_keepalive(None);
-        let limit = ctx.tables.as_ref().map_or(0, |t| t.limits.max_request_body);
-        let err = GatewayError::new(
-            ErrorCode::RequestTooLarge,
-            format!("the request body exceeds the gateway's limit of {limit} bytes"),
-        );
-        self.refuse(session, ctx, err).await
     }
 
     /// After a failed attempt: record it and decide whether another attempt may run.
@@ -349,6 +173,174 @@ impl Gateway {
                 .response_written()
                 .is_some_and(|r| !r.status.is_informational())
     }
+}
+
+/// The request line and headers: the endpoint, the method, the header budget.
+fn check_request_line(session: &Session, tables: &Tables) -> Result<(), GatewayError> {
+    let req = session.req_header();
+    let path = req.uri.path();
+    if !matches!(
+        path,
+        "/v1/chat/completions" | "/chat/completions" | "/v1/models" | "/models"
+    ) {
+        return Err(gateway_error(
+            ErrorCode::NotFound,
+            "no such endpoint; signalbox serves POST /v1/chat/completions and GET /v1/models",
+        ));
+    }
+    if req.method != Method::POST || path.ends_with("models") {
+        return Err(gateway_error(
+            ErrorCode::MethodNotAllowed,
+            "this endpoint does not take this method",
+        ));
+    }
+    let header_bytes: usize = req
+        .headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum();
+    if header_bytes > tables.limits.max_request_headers {
+        return Err(gateway_error(
+            ErrorCode::HeadersTooLarge,
+            "the request headers exceed the gateway's limit",
+        ));
+    }
+    Ok(())
+}
+
+/// Read the whole body (bounded, arranged so Pingora replays it on every attempt) and scan it.
+/// A refusal that leaves body bytes unread also closes the connection after the answer.
+async fn read_request(
+    session: &mut Session,
+    tables: &Tables,
+) -> pingora_error::Result<Result<ChatRequest, GatewayError>> {
+    let limit = tables.limits.max_request_body;
+    let too_large = |session: &mut Session| {
+        session.set_keepalive(None);
+        GatewayError::new(
+            ErrorCode::RequestTooLarge,
+            format!("the request body exceeds the gateway's limit of {limit} bytes"),
+        )
+    };
+    let framing = body::framing(session);
+    if let Framing::Length(n) = framing {
+        if n > limit {
+            return Ok(Err(too_large(session)));
+        }
+    }
+    let expects_continue = session
+        .req_header()
+        .headers
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if expects_continue {
+        session.as_mut().write_continue_response().await?;
+    }
+    let body = match body::read_whole_body(session, framing, limit).await {
+        Ok(b) => b,
+        Err(BodyError::TooLarge) => return Ok(Err(too_large(session))),
+        Err(BodyError::ChunkedTooLarge) => {
+            session.set_keepalive(None);
+            return Ok(Err(gateway_error(
+                ErrorCode::LengthRequired,
+                "chunked request bodies over 64KiB are not accepted; send a Content-Length",
+            )));
+        }
+        Err(BodyError::NotReplayable) => {
+            return Ok(Err(gateway_error(
+                ErrorCode::HeadersTooLarge,
+                "the request arrived in a way the gateway cannot replay (very large headers ahead of the body); reduce the headers",
+            )));
+        }
+        Err(BodyError::Read(e)) => return Err(e),
+    };
+    Ok(ChatRequest::parse(body)
+        .map_err(|e| GatewayError::new(ErrorCode::InvalidRequest, e.message())))
+}
+
+/// Resolve the model, build the plan from one snapshot and pick the first target. Pure but
+/// for what it records in `ctx` (and the route's round-robin turn).
+fn plan_request(
+    session: &Session,
+    ctx: &mut RequestCtx,
+    router: &Router,
+    tables: &Arc<Tables>,
+    request: ChatRequest,
+) -> Result<(), GatewayError> {
+    let resolution = {
+        let model = request.model_name();
+        resolve(tables, &model).map_err(|e| resolve_error(e, &model))?
+    };
+    let route_idx = resolution.route();
+    ctx.route = Some(route_idx);
+    let route = tables.route(route_idx);
+    let strategy = match request.routing.as_ref().and_then(|r| r.strategy.as_deref()) {
+        None => route.strategy,
+        Some(name) => Strategy::parse(name).ok_or_else(|| {
+            GatewayError::new(
+                ErrorCode::InvalidRequest,
+                format!("`routing.strategy`: unknown strategy {:?}", truncate(name)),
+            )
+        })?,
+    };
+    ctx.session = session
+        .req_header()
+        .headers
+        .get("x-llm-session")
+        .filter(|v| !v.is_empty() && v.len() <= 256)
+        .map(|v| stable_hash(v.as_bytes()));
+    let now = router.health.now_ms();
+    let facts = RequestFacts {
+        input_tokens: respond::estimate_input_tokens(request.body_len()),
+        output_tokens: request.max_tokens.unwrap_or(DEFAULT_OUTPUT_TOKENS),
+        prefix_hash: (strategy == Strategy::PrefixAffinity)
+            .then(|| prefix_hash(request.prompt(), tables.routing.prefix_bytes)),
+        session: ctx.session.and_then(|h| router.sessions.get(h, now)),
+        round_robin: route
+            .round_robin
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        // Request ids are unique per request: a fresh seed for this request's draws.
+        seed: stable_hash(ctx.request_id.as_bytes()),
+    };
+    let mut plan = match resolution {
+        Resolution::Route(r) if strategy == route.strategy => {
+            Plan::new(router.rankings.load().order(tables, r), strategy, facts)
+        }
+        // A per-request strategy: rank this route for it now.
+        Resolution::Route(_) => Plan::new(
+            Arc::from(rank(
+                &tables.catalog,
+                &router.health,
+                &route.candidates,
+                strategy,
+                tables.routing.custom_weights,
+                now,
+            )),
+            strategy,
+            facts,
+        ),
+        Resolution::Adhoc { deployment, .. } => Plan::adhoc(deployment, facts),
+    };
+    if let Some(routing) = &request.routing {
+        apply_routing_override(tables, routing, &mut plan)?;
+    }
+    ctx.pending = plan.next(&plan_env(router, tables), Advance::NextDeployment);
+    ctx.request = Some(request);
+    let first = ctx.pending;
+    let refusal = first.is_none().then(|| {
+        let err = ctx.failures.final_error(&plan);
+        if err.code == ErrorCode::NoProviderAvailable {
+            // Fail fast: tell the caller when the soonest candidate frees up.
+            let secs = plan
+                .soonest_ms()
+                .map_or(1, |until| until.saturating_sub(now).div_ceil(1000).max(1));
+            err.with_retry_after(Some(secs))
+        } else {
+            err
+        }
+    });
+    ctx.plan = Some(plan);
+    refusal.map_or(Ok(()), Err)
 }
 
 fn resolve_error(e: ResolveError, model: &str) -> GatewayError {

@@ -58,10 +58,13 @@ pub enum Outcome {
     Empty,
     /// The client went away.
     Cancelled,
+    /// The gateway itself could not open a connection (out of file descriptors, ports or
+    /// memory): not the provider's failure.
+    LocalError,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 15] = [
+    pub const ALL: [Outcome; 16] = [
         Outcome::Ok,
         Outcome::ClientError,
         Outcome::RateLimited,
@@ -77,6 +80,7 @@ impl Outcome {
         Outcome::StreamBroken,
         Outcome::Empty,
         Outcome::Cancelled,
+        Outcome::LocalError,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -96,6 +100,7 @@ impl Outcome {
             Outcome::StreamBroken => "stream_broken",
             Outcome::Empty => "empty",
             Outcome::Cancelled => "cancelled",
+            Outcome::LocalError => "local_error",
         }
     }
 

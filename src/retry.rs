@@ -57,6 +57,9 @@ pub fn classify_status(status: u16) -> StatusVerdict {
 
 /// Classify a failure to connect (`fail_to_connect`).
 pub fn classify_connect_error(e: &Error) -> Outcome {
+    if is_local_resource_error(e) {
+        return Outcome::LocalError;
+    }
     match e.etype() {
         ErrorType::ConnectTimedout => Outcome::ConnectTimeout,
         ErrorType::TLSHandshakeFailure
@@ -66,6 +69,50 @@ pub fn classify_connect_error(e: &Error) -> Outcome {
         | ErrorType::TLSWantX509Lookup => Outcome::TlsError,
         _ => Outcome::ConnectRefused,
     }
+}
+
+/// Whether a connect failed for a reason local to the gateway (no file descriptor, no port,
+/// no buffer memory): the provider is not to blame, so health must not count it.
+pub fn is_local_resource_error(e: &Error) -> bool {
+    if matches!(e.etype(), ErrorType::BindError | ErrorType::SocketError) {
+        return true;
+    }
+    // Pingora nests its own errors as causes (`InternalError` ← `SocketError` ← io::Error).
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = e
+        .cause
+        .as_deref()
+        .map(|c| c as &(dyn std::error::Error + 'static));
+    while let Some(err) = cause {
+        let nested = err
+            .downcast_ref::<Error>()
+            .or_else(|| err.downcast_ref::<Box<Error>>().map(|b| &**b));
+        if let Some(inner) = nested {
+            if matches!(inner.etype(), ErrorType::BindError | ErrorType::SocketError) {
+                return true;
+            }
+            cause = inner
+                .cause
+                .as_deref()
+                .map(|c| c as &(dyn std::error::Error + 'static));
+            continue;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.raw_os_error(),
+                Some(
+                    libc::EMFILE
+                        | libc::ENFILE
+                        | libc::ENOBUFS
+                        | libc::ENOMEM
+                        | libc::EADDRNOTAVAIL
+                )
+            ) {
+                return true;
+            }
+        }
+        cause = err.source();
+    }
+    false
 }
 
 /// Classify an error after the connection was made, before any response byte reached the
@@ -174,6 +221,13 @@ impl FailureLog {
                 format!("every candidate rejected the request as invalid ({n} {attempts})"),
             );
         }
+        if self.all(&[Outcome::LocalError]) {
+            return GatewayError::new(
+                ErrorCode::NoProviderAvailable,
+                "the gateway could not open an upstream connection (a local resource limit was reached); retry shortly",
+            )
+            .with_retry_after(Some(1));
+        }
         if self.all(&[Outcome::Timeout, Outcome::ConnectTimeout]) {
             return GatewayError::new(
                 ErrorCode::UpstreamTimeout,
@@ -258,6 +312,43 @@ mod tests {
         );
         let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
         assert_eq!(parse_retry_after(&past, now, cap), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn local_resource_errors_are_recognised() {
+        let emfile = Error::because(
+            ErrorType::ConnectError,
+            "connect",
+            std::io::Error::from_raw_os_error(libc::EMFILE),
+        );
+        assert!(is_local_resource_error(&emfile));
+        assert_eq!(classify_connect_error(&emfile), Outcome::LocalError);
+        // As Pingora reports it: InternalError caused by SocketError caused by EMFILE.
+        let nested = Error::because(
+            ErrorType::InternalError,
+            "Fail to connect",
+            Error::because(
+                ErrorType::SocketError,
+                "failed to create socket",
+                std::io::Error::from_raw_os_error(libc::EMFILE),
+            ),
+        );
+        assert_eq!(classify_connect_error(&nested), Outcome::LocalError);
+        let refused = Error::because(
+            ErrorType::ConnectRefused,
+            "connect",
+            std::io::Error::from_raw_os_error(libc::ECONNREFUSED),
+        );
+        assert!(!is_local_resource_error(&refused));
+        assert_eq!(classify_connect_error(&refused), Outcome::ConnectRefused);
+        let mut log = FailureLog::default();
+        log.record(Outcome::LocalError);
+        let plan = Plan::new(
+            std::sync::Arc::from(Vec::new()),
+            crate::config::Strategy::Priority,
+            crate::routing::RequestFacts::default(),
+        );
+        assert_eq!(log.final_error(&plan).status, 503);
     }
 
     #[test]

@@ -11,7 +11,18 @@ const PINGORA_CAP: &str =
 
 pub fn init() {
     let user = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_string());
-    let filter = EnvFilter::try_new(format!("{user},{PINGORA_CAP}"))
+    // The cap only matters when something more verbose than `info` is on; adding it
+    // otherwise would raise a stricter `RUST_LOG=warn` back to `info` for Pingora.
+    let verbose = EnvFilter::try_new(&user)
+        .ok()
+        .and_then(|f| f.max_level_hint())
+        .is_none_or(|max| max > tracing::level_filters::LevelFilter::INFO);
+    let directives = if verbose {
+        format!("{user},{PINGORA_CAP}")
+    } else {
+        user
+    };
+    let filter = EnvFilter::try_new(directives)
         .unwrap_or_else(|_| EnvFilter::new(format!("info,{PINGORA_CAP}")));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -229,6 +229,63 @@ async fn sticky_sessions_keep_a_conversation_on_one_deployment() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn running_out_of_file_descriptors_is_not_blamed_on_the_provider() {
+    let a = mock_with("a", |c| {
+        c.default_behaviour = Behaviour::Stream {
+            chunks: 3,
+            gap_ms: 300,
+        }
+    })
+    .await;
+    let b = mock("b").await;
+    let gw = Arc::new(
+        GatewayBuilder::new(two(&a, &b, "", "{ failure_threshold: 1, bench_after: 1 }"))
+            .fd_limit(64)
+            .start(),
+    );
+    // Far more concurrent streams than the gateway has descriptors for.
+    let mut streams = Vec::new();
+    for _ in 0..60 {
+        let gw = gw.clone();
+        streams.push(tokio::spawn(async move {
+            let body = serde_json::json!({"model": "m", "stream": true, "messages": []});
+            match client()
+                .post(gw.url("/v1/chat/completions"))
+                .json(&body)
+                .send()
+                .await
+            {
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    let _ = r.bytes().await;
+                    status
+                }
+                Err(_) => 0,
+            }
+        }));
+    }
+    for s in streams {
+        let _ = s.await;
+    }
+    let m = gw.metrics().await;
+    assert!(
+        m.contains(r#"outcome="local_error""#),
+        "the burst should have exhausted the gateway's descriptors: {m}"
+    );
+    let h = admin_health(&gw).await;
+    for p in ["a", "b"] {
+        let t = target(&h, p);
+        assert_eq!(
+            t["ejections_total"], 0,
+            "{p} was blamed for the gateway's own limit: {t}"
+        );
+        assert_ne!(t["state"], "benched", "{t}");
+    }
+    // Once the burst is over, requests are served again.
+    assert_eq!(post_chat(&gw, &chat("m")).await.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_provider_that_dies_and_recovers_under_load_loses_no_request() {
     let a = mock("a").await;
     let b = mock("b").await;

@@ -70,7 +70,7 @@ pub fn scope_of(outcome: Outcome) -> Scope {
         Outcome::Ok => Scope::Success,
         Outcome::CredentialRejected => Scope::CredentialRejected,
         Outcome::RateLimited => Scope::CredentialRateLimited,
-        Outcome::ClientError | Outcome::Cancelled => Scope::Ignored,
+        Outcome::ClientError | Outcome::Cancelled | Outcome::LocalError => Scope::Ignored,
         Outcome::ServerError
         | Outcome::UnexpectedStatus
         | Outcome::ModelNotFound

@@ -741,6 +741,9 @@ impl ProxyHttp for Gateway {
         mut e: Box<Error>,
     ) -> Box<Error> {
         let outcome = retry::classify_connect_error(&e);
+        if outcome == Outcome::LocalError {
+            warn_local_resource();
+        }
         let retry = self.after_failure(ctx, outcome, Advance::NextDeployment);
         e.set_retry(retry);
         e
@@ -961,6 +964,21 @@ impl ProxyHttp for Gateway {
             session.req_header().uri.path(),
             ctx.request_id.to_str().unwrap_or("")
         )
+    }
+}
+
+/// Log that the gateway ran out of a local resource, at most once a second (it happens in
+/// bursts, under exactly the load where a log flood hurts most).
+fn warn_local_resource() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if LAST.swap(now, Ordering::Relaxed) != now {
+        tracing::warn!(
+            "cannot open an upstream connection: the gateway is out of file descriptors, ports or memory (raise LimitNOFILE / ulimit -n); providers are not blamed"
+        );
     }
 }
 

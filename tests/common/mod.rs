@@ -96,6 +96,7 @@ pub struct GatewayBuilder {
     env: Vec<(String, String)>,
     file_name: String,
     listen: Option<(SocketAddr, SocketAddr)>,
+    fd_limit: Option<u32>,
 }
 
 impl GatewayBuilder {
@@ -106,6 +107,7 @@ impl GatewayBuilder {
             env: Vec::new(),
             file_name: "signalbox.yaml".to_string(),
             listen: None,
+            fd_limit: None,
         }
     }
 
@@ -117,6 +119,12 @@ impl GatewayBuilder {
     /// Write the config with this file name (e.g. `x.json` for a JSON config).
     pub fn file_name(mut self, name: &str) -> Self {
         self.file_name = name.to_string();
+        self
+    }
+
+    /// Run the gateway with this open-files limit (`ulimit -n`).
+    pub fn fd_limit(mut self, n: u32) -> Self {
+        self.fd_limit = Some(n);
         self
     }
 
@@ -152,7 +160,16 @@ impl GatewayBuilder {
         std::fs::write(&path, text).unwrap();
         let stderr_path = dir.path().join("stderr.log");
         let stderr = std::fs::File::create(&stderr_path).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_signalbox"));
+        let mut cmd = match self.fd_limit {
+            None => Command::new(env!("CARGO_BIN_EXE_signalbox")),
+            Some(n) => {
+                let mut c = Command::new("sh");
+                c.arg("-c")
+                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                    .arg(env!("CARGO_BIN_EXE_signalbox"));
+                c
+            }
+        };
         cmd.arg("-c")
             .arg(&path)
             .env("RUST_LOG", "debug")

@@ -3,7 +3,8 @@
 #
 #   load-tests/run.sh [--quick] [--duration 10s] [--threads 1] [--no-pin] [--with-litellm]
 #                     [--bin-dir target/release] [--scenarios a,b,c,d,e,f,g] [--streams 10000]
-#                     [--install-tools] [--out-dir DIR] [--keep-tmp]
+#                     [--install-tools] [--out-dir DIR] [--wait-quiet S] [--nice N]
+#                     [--bin-label TEXT] [--keep-tmp]
 #
 # Every target is loopback; every run is bounded in time and count; every process started here
 # runs in its own process group recorded in $TMP/pids and is ended by the EXIT trap.
@@ -13,7 +14,7 @@ LT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$LT_DIR/.." && pwd)
 
 usage() {
-  sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   cat <<'EOF'
 
 Options:
@@ -29,6 +30,12 @@ Options:
   --streams N        concurrent slow streams in scenario f (default 10000; --quick 2000)
   --install-tools    apt-get install wrk nginx haproxy jq, cargo install oha into /tmp/lt-cargo
   --out-dir DIR      where the results file goes (default load-tests/results)
+  --wait-quiet S     shared machines: wait up to S seconds in all for other jobs to go quiet
+                     (before the run: <10% CPU busy; between measurements: <15%, ≤15 s each)
+  --nice N           run everything this run starts at this nice value (e.g. -10 on a shared
+                     machine: the systems, upstreams and load generators then get the CPU
+                     before other jobs; all systems alike, so the comparison stays fair)
+  --bin-label TEXT   what the binaries were built from, for the report (e.g. "git archive abc123")
   --keep-tmp         keep the temp dir (configs, logs) for inspection
 EOF
 }
@@ -44,6 +51,9 @@ STREAMS=""
 INSTALL=0
 OUT_DIR="$LT_DIR/results"
 KEEP_TMP=0
+WAIT_QUIET=0
+BIN_LABEL=""
+NICE=0
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -64,6 +74,12 @@ while [ $# -gt 0 ]; do
     --out-dir) OUT_DIR=$2; shift 2 ;;
     --out-dir=*) OUT_DIR=${1#*=}; shift ;;
     --keep-tmp) KEEP_TMP=1; shift ;;
+    --wait-quiet) WAIT_QUIET=$2; shift 2 ;;
+    --bin-label) BIN_LABEL=$2; shift 2 ;;
+    --nice) NICE=$2; shift 2 ;;
+    --nice=*) NICE=${1#*=}; shift ;;
+    --bin-label=*) BIN_LABEL=${1#*=}; shift ;;
+    --wait-quiet=*) WAIT_QUIET=${1#*=}; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "run.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -154,10 +170,17 @@ if [ "$WITH_LITELLM" = 1 ]; then
 fi
 
 ARGS=(--bin-dir "$BIN_DIR" --threads "$THREADS" --duration "$DUR_S" --scenarios "$SCENARIOS"
-      --streams "$STREAMS" --out-dir "$OUT_DIR" --tmp "$TMP")
+      --streams "$STREAMS" --out-dir "$OUT_DIR" --tmp "$TMP" --wait-quiet "$WAIT_QUIET"
+      --bin-label "$BIN_LABEL")
 [ "$QUICK" = 1 ] && ARGS+=(--quick)
 [ "$NO_PIN" = 1 ] && ARGS+=(--no-pin)
 [ "$WITH_LITELLM" = 1 ] && ARGS+=(--with-litellm --litellm-bin "$LITELLM_BIN" --litellm-reason "$LITELLM_REASON")
+
+if [ "$NICE" != 0 ]; then
+  # Inherited by everything started below (the runner and all its children).
+  renice -n "$NICE" -p $$ >/dev/null || echo "run.sh: renice $NICE failed; running at nice 0" >&2
+fi
+ARGS+=(--nice "$(nice)")
 
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=$(command -v python3)

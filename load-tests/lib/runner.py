@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -38,7 +39,11 @@ STATIC_COMPLETION = (
     '"usage":{"prompt_tokens":520,"completion_tokens":8,"total_tokens":528}}'
 )
 
-SYSTEM_ORDER = ["direct", "nginx", "haproxy", "signalbox", "litellm"]
+# Foreign CPU load (other jobs on the machine) above this % of a CPU flags a row.
+FOREIGN_FLAG = 15.0
+
+SB_HEALTH = "signalbox (breakers on)"
+SYSTEM_ORDER = ["direct", "nginx", "haproxy", "signalbox", SB_HEALTH, "litellm"]
 
 
 class SystemUnavailable(Exception):
@@ -210,18 +215,26 @@ def loadavg():
 
 class Meter:
     """CPU time (utime+stime of the process tree) between start() and stop(); VmHWM at stop;
-    and how busy each CPU of the host was meanwhile (to spot foreign load)."""
+    and how busy each CPU of the host was meanwhile, minus what the server, the upstreams and
+    the load generator (reaped children of this script) used: the foreign load from other jobs
+    on this shared machine, which makes a row unreliable."""
 
-    def __init__(self, proc):
+    def __init__(self, proc, ctx=None):
         self.proc = proc
+        self.ctx = ctx
         self.pids = proc.tree() if proc else []
+        self.others = [u for u in (ctx.upstreams if ctx else []) if u is not proc and u.alive()]
         self.t0 = cpu_ticks(self.pids)
+        self.o0 = cpu_ticks([p for u in self.others for p in u.tree()])
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.c0 = ru.ru_utime + ru.ru_stime
         self.s0 = cpu_stat()
         self.w0 = time.monotonic()
         self.cpu_s = None
         self.wall_s = None
         self.hwm_kb = None
         self.host = None
+        self.foreign = None
 
     def stop(self):
         # Children may have appeared (workers forked late): include them.
@@ -232,6 +245,23 @@ class Meter:
         s1 = cpu_stat()
         self.host = {k: round(100.0 * (s1[k][0] - self.s0[k][0]) / max(1, s1[k][1] - self.s0[k][1]), 1)
                      for k in s1 if k in self.s0}
+        others_s = (cpu_ticks([p for u in self.others for p in u.tree()]) - self.o0) / float(CLK_TCK)
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        gen_s = ru.ru_utime + ru.ru_stime - self.c0
+        ours = 100.0 * (self.cpu_s + others_s + gen_s) / self.wall_s if self.wall_s else 0
+        if self.ctx is not None and self.ctx.pinned and "cpu0" in self.host and "cpu1" in self.host:
+            # Server alone on CPU 0; upstreams and load generator on CPU 1. In a direct row
+            # the measured "server" is an upstream, on CPU 1.
+            srv = 100.0 * self.cpu_s / self.wall_s
+            rest = ours - srv
+            if self.proc in self.ctx.upstreams:
+                f0, f1 = self.host["cpu0"], self.host["cpu1"] - ours
+            else:
+                f0, f1 = self.host["cpu0"] - srv, self.host["cpu1"] - rest
+            self.foreign = {"cpu0": round(max(0.0, f0), 1), "cpu1": round(max(0.0, f1), 1)}
+        else:
+            ncpu = os.cpu_count() or 1
+            self.foreign = {"all": round(max(0.0, self.host.get("cpu", 0) * ncpu - ours), 1)}
         loadavg()
         return self
 
@@ -248,9 +278,9 @@ daemon off;
 master_process on;
 pid %s/nginx.pid;
 error_log %s/error.log warn;
-worker_rlimit_nofile 200000;
-events { worker_connections 20000; multi_accept on; }
-""" % (workers, d, d)
+worker_rlimit_nofile %d;
+events { worker_connections %d; multi_accept on; }
+""" % (workers, d, d, ctx.fd_limit, max(1024, ctx.fd_limit - 100))
 
 
 def nginx_temp_paths(d):
@@ -359,8 +389,16 @@ backend be
     return path
 
 
-def signalbox_conf(ctx, port, admin, providers, models, threads):
-    """providers: {id: port}; models: {name: [provider id, ...]} (deployment order)."""
+# Breakers effectively off: a target is never ejected (u32::MAX consecutive failures) and a
+# model is never benched (64 failures within 1 ms), so every request whose plan starts on a
+# failing provider pays the failover hop, as with nginx max_fails=0 and HAProxy without checks.
+HEALTH_OFF = {"failure_threshold": 4294967295, "bench_after": 64, "bench_window": "1ms"}
+
+
+def signalbox_conf(ctx, port, admin, providers, models, threads, health=None, modern=True):
+    """providers: {id: port}; models: {name: [provider id, ...]} (deployment order).
+    `modern`: the config has `strategy` and `health` (signalbox with health-scored routing;
+    older builds reject these keys as unknown)."""
     d = os.path.join(ctx.tmp, "signalbox-%d" % port)
     os.makedirs(d, exist_ok=True)
     conf = {
@@ -378,6 +416,11 @@ def signalbox_conf(ctx, port, admin, providers, models, threads):
             "graceful_shutdown_timeout_seconds": 1,
         },
     }
+    if modern:
+        for m in conf["models"].values():
+            m["strategy"] = "priority"  # the deployments in the order written
+        if health:
+            conf["health"] = health
     path = os.path.join(d, "signalbox.json")
     with open(path, "w") as f:
         json.dump(conf, f, indent=1)
@@ -425,11 +468,15 @@ class Ctx:
         self.gen_threads = 1 if self.pinned else max(1, min(4, os.cpu_count() or 1))
         self.bin_dir = args.bin_dir
         self.tools = {}
+        self.flagged = False
+        self.scenario = "?"
+        self.sb_modern = True
+        self.quiet_budget = args.wait_quiet
+        self.upstreams = []  # upstream Procs of the current scenario (for the foreign-load figure)
         self.env = dict(os.environ)
         self.env["RUST_LOG"] = "warn"
         self.dur = args.duration
         self.warm = 1.0 if args.quick else 2.0
-        import resource
         self.fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
     def tool(self, name):
@@ -459,7 +506,8 @@ def start_static_upstream(ctx):
     return p, port
 
 
-def start_system(ctx, system, upstreams, failover=False, sb_models=None, sb_providers=None):
+def start_system(ctx, system, upstreams, failover=False, sb_models=None, sb_providers=None,
+                 sb_health=None, sb_require_health=False):
     """Start one proxy in front of `upstreams` (ports). Returns (Proc, port, info)."""
     n = ctx.args.threads
     port = free_port()
@@ -483,10 +531,21 @@ def start_system(ctx, system, upstreams, failover=False, sb_models=None, sb_prov
         admin = free_port()
         providers = sb_providers or {"up": upstreams[0]}
         models = sb_models or {"lt-model": ["up"]}
-        conf = signalbox_conf(ctx, port, admin, providers, models, n)
         binary = os.path.join(ctx.bin_dir, "signalbox")
+        conf = signalbox_conf(ctx, port, admin, providers, models, n, sb_health, ctx.sb_modern)
         chk = subprocess.run([binary, "-t", "-c", conf], capture_output=True, text=True,
                              env=ctx.env, timeout=30)
+        out = chk.stdout + chk.stderr
+        if chk.returncode != 0 and ctx.sb_modern and re.search(r"(strategy|health)\b.*unknown|unknown.*\b(strategy|health)", out):
+            # An older signalbox (no health-scored routing): no such keys, deployments in order.
+            ctx.sb_modern = False
+            ctx.notes.append("this signalbox build has no `strategy`/`health` config: "
+                             "deployments are tried in the order written, no breakers")
+            conf = signalbox_conf(ctx, port, admin, providers, models, n, None, False)
+            chk = subprocess.run([binary, "-t", "-c", conf], capture_output=True, text=True,
+                                 env=ctx.env, timeout=30)
+        if sb_require_health and not ctx.sb_modern:
+            raise SystemUnavailable("this signalbox build has no health/breakers to measure")
         if chk.returncode != 0:
             raise SystemUnavailable("signalbox -t rejected the generated config: %s"
                                     % (chk.stdout + chk.stderr).strip()[-400:])
@@ -515,8 +574,25 @@ def start_system(ctx, system, upstreams, failover=False, sb_models=None, sb_prov
 
 
 def stop(proc):
-    if proc is not None:
-        proc.stop(getattr(proc, "sigstop", signal.SIGTERM))
+    if proc is None:
+        return
+    proc.stop(getattr(proc, "sigstop", signal.SIGTERM))
+    if proc.name.startswith("signalbox-") and proc.ctx is not None:
+        # Anything signalbox logged at warn or above during the run (RUST_LOG=warn).
+        try:
+            with open(proc.log_path, "rb") as f:
+                lines = [ln for ln in f.read().decode(errors="replace").splitlines()
+                         if " WARN " in ln or " ERROR " in ln]
+        except OSError:
+            lines = []
+        if lines:
+            kinds = {}
+            for ln in lines:
+                key = re.sub(r"^\S+\s+", "", ln)[:160]
+                kinds[key] = kinds.get(key, 0) + 1
+            top = sorted(kinds.items(), key=lambda kv: -kv[1])[:3]
+            proc.ctx.notes.append("%s: signalbox logged %d warn/error lines, e.g. %s" % (
+                proc.ctx.scenario, len(lines), "; ".join("%d× `%s`" % (n, k) for k, n in top)))
 
 
 def post(port, model, stream=False, size=600, timeout=10):
@@ -602,8 +678,8 @@ def run_oha(ctx, port, rate, duration, conns=64, body_path=None, model="lt-model
     oha = ctx.tool("oha")
     if not oha:
         raise SystemUnavailable("oha not installed (cargo install oha --root /tmp/lt-cargo)")
+    # Keep-alive is oha's default (--disable-keepalive is a plain switch: "=false" is rejected).
     cmd = [oha, "-z", "%gs" % duration, "-c", str(conns), "-q", str(rate), "--latency-correction",
-           "--disable-keepalive=false" if ctx.tools.get("oha_keepalive_flag") else None,
            "--no-tui", ctx.tools.get("oha_json_flag", "--output-format"),
            "json" if ctx.tools.get("oha_json_flag", "--output-format") == "--output-format" else None,
            "-m", "POST", "-H", "Content-Type: application/json",
@@ -670,6 +746,7 @@ def add_row(ctx, system, scenario, res=None, meter=None, failed=None, note=None,
             row["cpu_us_per_req"] = meter.cpu_s * 1e6 / res["requests"]
         row["hwm_kb"] = meter.hwm_kb
         row["host_busy_pct"] = meter.host
+        row["foreign_pct"] = meter.foreign
     if note:
         row["note"] = note
     if baseline_for_added:
@@ -690,10 +767,36 @@ def systems_for(ctx, include_litellm=True):
     return out
 
 
+def host_busy(sample_s=0.5):
+    s0 = cpu_stat()
+    time.sleep(sample_s)
+    s1 = cpu_stat()
+    return 100.0 * (s1["cpu"][0] - s0["cpu"][0]) / max(1, s1["cpu"][1] - s0["cpu"][1])
+
+
+def quiet_gate(ctx, per_wait=15.0):
+    """Between measurements everything we run is idle: CPU use now is other jobs'. Wait a
+    little (bounded per measurement and by the run's --wait-quiet budget) for it to pass."""
+    if ctx.quiet_budget <= 0:
+        return
+    t0 = time.monotonic()
+    busy = host_busy()
+    if busy <= 15:
+        return
+    log("host %.0f%% busy with other jobs: pausing (budget left %.0fs)" % (busy, ctx.quiet_budget))
+    while time.monotonic() - t0 < per_wait and ctx.quiet_budget > (time.monotonic() - t0):
+        time.sleep(1.5)
+        busy = host_busy()
+        if busy <= 15:
+            break
+    ctx.quiet_budget -= time.monotonic() - t0
+
+
 def measure_wrk(ctx, system, label, port, server, script, sargs, conns, note=None, group=None):
     try:
+        quiet_gate(ctx)
         run_wrk(ctx, port, script, sargs, conns, ctx.warm)
-        m = Meter(server)
+        m = Meter(server, ctx)
         res = wrk_result(run_wrk(ctx, port, script, sargs, conns, ctx.dur))
         m.stop()
         return add_row(ctx, system, label, res, m, note=note, group=group)
@@ -731,6 +834,7 @@ def scenario_a(ctx):
     except SystemUnavailable as e:
         add_row(ctx, "all", "a 2 KiB, 64 conns", failed=str(e))
         return
+    ctx.upstreams = [up]
     wrk_matrix(ctx, "a 2 KiB, 64 conns", up, [up_port], "chat-2k.lua", 64)
     stop(up)
 
@@ -742,6 +846,7 @@ def scenario_c(ctx):
     except SystemUnavailable as e:
         add_row(ctx, "all", "c 100 KiB, 16 conns", failed=str(e))
         return
+    ctx.upstreams = [up]
     wrk_matrix(ctx, "c 100 KiB, 16 conns", up, [up_port], "chat-100k.lua", 16)
     stop(up)
 
@@ -755,6 +860,7 @@ def scenario_b(ctx):
     except SystemUnavailable as e:
         add_row(ctx, "all", "b stream", failed=str(e))
         return
+    ctx.upstreams = [up]
     sse_conns = 16
     lw = "b stream: wrk 64 conns (whole stream)"
     lt = "b stream: TTFB, %d conns" % sse_conns
@@ -775,7 +881,8 @@ def scenario_b(ctx):
             continue
         measure_wrk(ctx, system, lw, port, server, "stream.lua", ["lt-model"], 64)
         try:
-            m = Meter(server)
+            quiet_gate(ctx)
+            m = Meter(server, ctx)
             # The wrk stream run just before warmed the system up: record from the start, so
             # that the CPU time measured and the streams counted cover the same interval.
             r = run_sse(ctx, "measure", port, conns=sse_conns, duration=ctx.dur, warmup=0)
@@ -787,6 +894,10 @@ def scenario_b(ctx):
                     note="TTFT p50 %s us" % r["ttft_us"]["p50"])
             add_row(ctx, system, lc, dict(base, p50=r["chunk_us"]["p50"], p99=r["chunk_us"]["p99"],
                                           p999=r["chunk_us"]["p99.9"], chunks=r["chunk_us"]["n"]), m)
+            if not r["chunk_us"]["n"] and r["streams"]:
+                ctx.notes.append("b: %s's SSE events carry no `mock_sent_us` (it rebuilds each chunk "
+                                 "and drops unknown fields), so its per-chunk delay cannot be "
+                                 "measured" % system)
         except (SystemUnavailable, subprocess.TimeoutExpired) as e:
             add_row(ctx, system, lt, failed=str(e))
             add_row(ctx, system, lc, failed=str(e))
@@ -804,6 +915,7 @@ def scenario_d(ctx):
     except SystemUnavailable as e:
         add_row(ctx, "all", label, failed=str(e))
         return
+    ctx.upstreams = [ok, bad]
     models = ["lt-mix-0", "lt-mix-1", "lt-mix-2"]
     sb_providers = {"ok-a": a, "fail-503": f, "ok-b": b}
     # Each model lists the three providers in a rotated order: one request in three starts on
@@ -811,30 +923,49 @@ def scenario_d(ctx):
     sb_models = {"lt-mix-0": ["fail-503", "ok-a", "ok-b"],
                  "lt-mix-1": ["ok-a", "ok-b", "fail-503"],
                  "lt-mix-2": ["ok-b", "fail-503", "ok-a"]}
-    for system in systems_for(ctx):
+    # signalbox runs twice: breakers off (every plan starting on the 503 provider pays the hop,
+    # like the plain proxies configured without passive health checks), then with its default
+    # health settings (the 503 provider gets ejected and is only probed now and then).
+    order = systems_for(ctx)
+    order.insert(order.index("signalbox") + 1, SB_HEALTH)
+    for system in order:
         proc, info = None, {}
         try:
             if system == "direct":
                 port, server = a, ok
             else:
-                proc, port, info = start_system(ctx, system, [f, a, b], failover=True,
-                                                sb_models=sb_models, sb_providers=sb_providers)
+                proc, port, info = start_system(
+                    ctx, "signalbox" if system == SB_HEALTH else system, [f, a, b],
+                    failover=True, sb_models=sb_models, sb_providers=sb_providers,
+                    sb_health=HEALTH_OFF if system == "signalbox" else None,
+                    sb_require_health=system == SB_HEALTH)
                 server = proc
             note = None
-            if system == "signalbox":
+            if system.startswith("signalbox"):
                 h = sanity(port, "lt-mix-0")
                 note = "sanity lt-mix-0: attempts=%s fallback=%s via=%s" % (
                     h.get("x-llm-attempts"), h.get("x-llm-fallback"), h.get("x-routed-via"))
-                ctx.notes.append("d: signalbox " + note)
+                ctx.notes.append("d: %s %s" % (system, note))
             else:
+                # A proxy that does not always fail over is still measured (its errors count):
+                # one good answer in three sanity requests is enough to go on.
+                fails = []
                 for _ in range(3):
-                    sanity(port, "lt-mix-0")
+                    try:
+                        sanity(port, "lt-mix-0")
+                    except SystemUnavailable as e:
+                        fails.append(str(e))
+                if len(fails) == 3:
+                    raise SystemUnavailable(fails[0])
+                if fails:
+                    ctx.notes.append("d: %s failed %d of 3 sanity requests: %s"
+                                     % (system, len(fails), fails[0][:200]))
         except SystemUnavailable as e:
             add_row(ctx, system, label, failed=str(e))
             stop(proc)
             continue
         row = measure_wrk(ctx, system, label, port, server, "mixed.lua", models, 64)
-        if system == "signalbox" and not row.get("failed"):
+        if system.startswith("signalbox") and not row.get("failed"):
             t = metrics_text(info["admin"])
             att = metric_sum(t, "signalbox_attempts_total")
             reqs = metric_sum(t, "signalbox_requests_total")
@@ -842,7 +973,7 @@ def scenario_d(ctx):
             if reqs:
                 row["note"] = "attempts/request %.3f, failovers %.0f of %.0f requests" % (
                     att / reqs, fo, reqs)
-                ctx.notes.append("d: signalbox /metrics: " + row["note"])
+                ctx.notes.append("d: %s /metrics: %s" % (system, row["note"]))
         stop(proc)
     stop(ok)
     stop(bad)
@@ -871,6 +1002,7 @@ def scenario_e(ctx):
     except SystemUnavailable as e:
         add_row(ctx, "all", "e fixed rate", failed=str(e))
         return
+    ctx.upstreams = [up]
     body = oha_body(ctx)
     rates = [1000, 5000]
     step = 2.0 if ctx.args.quick else 3.0
@@ -894,7 +1026,8 @@ def scenario_e(ctx):
         for r in rates:
             lab = "e %d req/s fixed (oha)" % r
             try:
-                m = Meter(server)
+                quiet_gate(ctx)
+                m = Meter(server, ctx)
                 res = run_oha(ctx, port, r, ctx.dur, body_path=body)
                 m.stop()
                 add_row(ctx, system, lab, res, m, group="e%d" % r)
@@ -904,7 +1037,7 @@ def scenario_e(ctx):
         tried = []
 
         def passes(rate):
-            m = Meter(server)
+            m = Meter(server, ctx)
             res = run_oha(ctx, port, rate, step, body_path=body)
             m.stop()
             ok = (res["errors"] == 0 and res["p99"] is not None and res["p99"] < 10000
@@ -916,6 +1049,7 @@ def scenario_e(ctx):
             return ok
         lo, hi = None, None
         rate = 2000
+        quiet_gate(ctx)
         try:
             while len(tried) < max_steps:
                 if hi is None:
@@ -953,51 +1087,66 @@ def scenario_f(ctx):
     n = ctx.args.streams
     gap_ms = 1000 if ctx.args.quick else 2000
     chunks = 10
-    label = "f %d slow streams (signalbox)" % n
+    label = "f %d slow streams" % n
     log("scenario f: %d concurrent slow streams (%d chunks x %d ms)" % (n, chunks, gap_ms))
     up_port = free_port()
-    proc = None
     try:
         up = start_mock(ctx, "mock-slow", [up_port], ["--chunks", str(chunks), "--gap-ms", str(gap_ms)])
-        proc, port, _ = start_system(ctx, "signalbox", [up_port])
-        sanity(port, "lt-model", stream=False)
     except SystemUnavailable as e:
-        add_row(ctx, "signalbox", label, failed=str(e), group="f")
-        stop(proc)
+        add_row(ctx, "all", label, failed=str(e), group="f")
         return
-    idle = {"rss_kb": status_kb([proc.pid], "VmRSS"), "fds": fd_count(proc.pid)}
-    # Each proxied stream holds two descriptors in the gateway (client side, upstream side).
-    reachable = (ctx.fd_limit - (idle["fds"] or 0)) // 2
-    if n > reachable:
-        ctx.notes.append("f: the open-files limit here is %d (hard limit; raising it needs "
-                         "CAP_SYS_RESOURCE), so the gateway can hold at most ~%d proxied streams "
-                         "(2 descriptors each); %d were attempted anyway" % (ctx.fd_limit, reachable, n))
+    ctx.upstreams = [up]
     ramp = 2000.0
     stream_s = chunks * gap_ms / 1000.0
     bound = n / ramp + stream_s + 40
-    try:
-        m = Meter(proc)
-        r = run_sse(ctx, "hold", port, streams=n, ramp_rate=ramp, timeout=bound,
-                    settle=3, watch_pid=proc.pid, connect_timeout=15)
-        m.stop()
-        after = r.get("after") or {}
-        note = ("%d/%d streams open at once, %d completed; gateway idle %s fds / %.0f MiB RSS, "
-                "peak %s fds / %.0f MiB, %ss after the end %s fds / %.0f MiB" % (
-                    r["peak_open"], n, r["completed"], idle["fds"], (idle["rss_kb"] or 0) / 1024.0,
-                    r["peak_fds"], r["peak_rss_kb"] / 1024.0, r["settle_s"], after.get("fds"),
-                    (after.get("rss_kb") or 0) / 1024.0))
-        res = {"requests": r["completed"], "rps": None, "p50": r["ttfb_us"]["p50"],
-               "p99": r["ttfb_us"]["p99"], "p999": r["ttfb_us"]["p99.9"],
-               "errors": r["errors"], "error_detail": r["error_kinds"], "hold": r, "idle": idle}
-        add_row(ctx, "signalbox", label + ": TTFB", res, m, note=note, group="f")
-        ctx.notes.append("f: " + note + (("; errors " + json.dumps(r["error_kinds"]))
-                                         if r["errors"] else ""))
-        if r["peak_open"] < n:
-            ctx.notes.append("f: only %d of %d streams were open at the same time (connected %d, "
-                             "ramp %.1fs)" % (r["peak_open"], n, r["connected"], r["ramp_s"]))
-    except (SystemUnavailable, subprocess.TimeoutExpired) as e:
-        add_row(ctx, "signalbox", label, failed=str(e), group="f")
-    stop(proc)
+    # The same client straight to the mock first: its TTFB under this connection ramp is the
+    # client's own baseline (the client and the mock share the load CPU).
+    for system in ("direct", "nginx", "signalbox"):
+        proc = None
+        try:
+            if system == "direct":
+                port, server = up_port, up
+            else:
+                proc, port, _ = start_system(ctx, system, [up_port])
+                server = proc
+            sanity(port, "lt-model", stream=False)
+        except SystemUnavailable as e:
+            add_row(ctx, system, label + ": TTFB", failed=str(e), group="f")
+            stop(proc)
+            continue
+        pids = server.tree()
+        idle = {"rss_kb": status_kb(pids, "VmRSS"),
+                "fds": sum(fd_count(p) or 0 for p in pids)}
+        # Each proxied stream holds two descriptors in the gateway (client side, upstream side).
+        per_stream = 1 if system == "direct" else 2
+        reachable = (ctx.fd_limit - (idle["fds"] or 0)) // per_stream
+        if n > reachable:
+            ctx.notes.append("f: the open-files limit here is %d (a hard limit: raising it needs "
+                             "CAP_SYS_RESOURCE, which this sandbox does not grant), so %s can hold "
+                             "at most ~%d streams (%d descriptor%s each); %d were attempted anyway"
+                             % (ctx.fd_limit, system, reachable, per_stream,
+                                "s" if per_stream > 1 else "", n))
+        try:
+            quiet_gate(ctx)
+            m = Meter(server, ctx)
+            r = run_sse(ctx, "hold", port, streams=n, ramp_rate=ramp, timeout=bound,
+                        settle=3, watch_pid=",".join(str(p) for p in pids), connect_timeout=15)
+            m.stop()
+            after = r.get("after") or {}
+            note = ("%s: %d/%d streams open at once, %d completed, %d errors; %s idle %s fds / "
+                    "%.0f MiB RSS, peak %s fds / %.0f MiB, %ss after the end %s fds / %.0f MiB" % (
+                        system, r["peak_open"], n, r["completed"], r["errors"], system, idle["fds"],
+                        (idle["rss_kb"] or 0) / 1024.0, r["peak_fds"], r["peak_rss_kb"] / 1024.0,
+                        r["settle_s"], after.get("fds"), (after.get("rss_kb") or 0) / 1024.0))
+            res = {"requests": r["completed"], "rps": None, "p50": r["ttfb_us"]["p50"],
+                   "p99": r["ttfb_us"]["p99"], "p999": r["ttfb_us"]["p99.9"],
+                   "errors": r["errors"], "error_detail": r["error_kinds"], "hold": r, "idle": idle}
+            add_row(ctx, system, label + ": TTFB", res, m, note=note, group="f")
+            ctx.notes.append("f: " + note + (("; error kinds " + json.dumps(r["error_kinds"]))
+                                             if r["errors"] else ""))
+        except (SystemUnavailable, subprocess.TimeoutExpired) as e:
+            add_row(ctx, system, label + ": TTFB", failed=str(e), group="f")
+        stop(proc)
     stop(up)
 
 
@@ -1011,18 +1160,34 @@ def scenario_g(ctx):
     except SystemUnavailable as e:
         add_row(ctx, "all", "g failover cost", failed=str(e), group="g")
         return
-    labels = {"direct": "g clean, 1 conn", "lt-clean": "g clean, 1 conn",
-              "lt-refused": "g +1 hop: refused port, 1 conn", "lt-503": "g +1 hop: 503, 1 conn"}
-    try:
-        sanity(okp, "x")
-    except SystemUnavailable as e:
-        add_row(ctx, "direct", labels["direct"], failed=str(e), group="g")
-    measure_wrk(ctx, "direct", labels["direct"], okp, ok, "chat-2k.lua", ["lt-model"], 1, group="g")
+    ctx.upstreams = [ok, bad]
+    clean = "g clean, 1 conn"
+    labels = {"lt-clean": clean, "lt-refused": "g +1 hop: refused port, 1 conn",
+              "lt-503": "g +1 hop: 503, 1 conn"}
+    # Reference: the same single connection direct and through the plain proxies, to show
+    # what a proxy hop costs on this VM at this (low, wake-up dominated) rate.
+    for system in ("direct", "nginx", "haproxy"):
+        try:
+            if system == "direct":
+                port, server = okp, ok
+            else:
+                proc, port, _ = start_system(ctx, system, [okp])
+                server = proc
+            sanity(port, "lt-model")
+        except SystemUnavailable as e:
+            add_row(ctx, system, clean, failed=str(e), group="g")
+            stop(proc)
+            proc = None
+            continue
+        measure_wrk(ctx, system, clean, port, server, "chat-2k.lua", ["lt-model"], 1, group="g")
+        stop(proc)
+        proc = None
     try:
         proc, port, info = start_system(
             ctx, "signalbox", [okp],
             sb_providers={"ok": okp, "fail-503": failp, "refused": refused},
-            sb_models={"lt-clean": ["ok"], "lt-refused": ["refused", "ok"], "lt-503": ["fail-503", "ok"]})
+            sb_models={"lt-clean": ["ok"], "lt-refused": ["refused", "ok"], "lt-503": ["fail-503", "ok"]},
+            sb_health=HEALTH_OFF)
         for model in ("lt-clean", "lt-refused", "lt-503"):
             h = sanity(port, model)
             ctx.notes.append("g: signalbox %s: x-llm-attempts=%s x-llm-fallback=%s server-timing=%s"
@@ -1036,9 +1201,15 @@ def scenario_g(ctx):
         stop(bad)
         return
     for model in ("lt-clean", "lt-refused", "lt-503"):
-        measure_wrk(ctx, "signalbox", labels[model], port, proc, "chat-2k.lua", [model], 1, group="g")
+        row = measure_wrk(ctx, "signalbox", labels[model], port, proc, "chat-2k.lua", [model], 1,
+                          group="g")
         if model != "lt-clean":
-            ctx.rows[-1]["added_base"] = ("signalbox", labels["lt-clean"])
+            row["added_base"] = ("signalbox", clean)
+    t = metrics_text(info["admin"])
+    ctx.notes.append("g: signalbox /metrics after the runs: attempts %.0f, failovers %.0f, "
+                     "requests %.0f" % (metric_sum(t, "signalbox_attempts_total"),
+                                        metric_sum(t, "signalbox_failovers_total"),
+                                        metric_sum(t, "signalbox_requests_total")))
     stop(proc)
     stop(ok)
     stop(bad)
@@ -1066,7 +1237,8 @@ def fmt_ms(us):
 def ratio(v, base):
     if v is None or not base:
         return "n/a"
-    return "%.2f×" % (v / base)
+    x = v / base
+    return ("%.2f×" % x) if x >= 0.1 else ("%.3f×" % x)
 
 
 def find(rows, system, group):
@@ -1098,7 +1270,8 @@ def table(ctx):
         rows.sort(key=lambda r: (r["scenario"], SYSTEM_ORDER.index(r["system"])
                                  if r["system"] in SYSTEM_ORDER else 99))
         if g == "g":
-            rows.sort(key=lambda r: (SYSTEM_ORDER.index(r["system"]), r["scenario"] != "g clean, 1 conn"))
+            rows.sort(key=lambda r: (SYSTEM_ORDER.index(r["system"]) if r["system"] in SYSTEM_ORDER
+                                     else 99, r["scenario"] != "g clean, 1 conn"))
         for r in rows:
             if r.get("failed"):
                 out.append("| %s | %s | **not measured:** %s | | | | | | | | |" % (
@@ -1130,6 +1303,8 @@ def table(ctx):
                 return "%s (%s)" % (fmt_ms(v), ratio(v, base.get(key)))
             if r.get("frontier"):
                 added = "- (rates differ)"
+            elif r.get("p50") is None:
+                added = "n/a"
             elif base and r is not base and r["system"] != "direct" or (base and r.get("added_base")):
                 a50 = (r.get("p50") or 0) - (base.get("p50") or 0)
                 a99 = (r.get("p99") or 0) - (base.get("p99") or 0)
@@ -1143,6 +1318,10 @@ def table(ctx):
                 cpu, ratio(cpu, ngx.get("cpu_us_per_req") if ngx else None))
             busy = r.get("busy_pct")
             busy_cell = "-" if busy is None else "%.0f" % busy
+            foreign = max((r.get("foreign_pct") or {}).values() or [0])
+            if busy is not None and foreign >= FOREIGN_FLAG:
+                busy_cell += " ⚠%.0f" % foreign
+                ctx.flagged = True
             hwm = r.get("hwm_kb")
             hwm_cell = "-" if not hwm else "%.1f (%s)" % (hwm / 1024.0, ratio(
                 hwm, ngx.get("hwm_kb") if ngx else None))
@@ -1184,8 +1363,10 @@ def machine_spec(ctx):
     rev = sh("git -C %s rev-parse --short HEAD" % REPO)
     dirty = sh("git -C %s status --porcelain -- src Cargo.toml Cargo.lock | head -1" % REPO)
     versions = [
-        ("signalbox", "binaries %s (built %s); repo HEAD %s%s" % (
-            ctx.bin_dir, bin_mtime(ctx), rev, ", work tree has uncommitted src changes" if dirty else "")),
+        ("signalbox", "binaries %s (built %s%s)%s" % (
+            ctx.bin_dir, bin_mtime(ctx), ", " + ctx.args.bin_label if ctx.args.bin_label else "",
+            ("; repo HEAD %s%s" % (rev, ", work tree has uncommitted src changes" if dirty else ""))
+            if os.path.abspath(ctx.bin_dir).startswith(REPO + os.sep) else "")),
         ("rustc", sh("rustc --version")),
         ("wrk", sh("wrk -v 2>&1 | head -1") if ctx.tool("wrk") else "missing"),
         ("oha", sh("%s --version" % ctx.tool("oha")) if ctx.tool("oha") else "missing"),
@@ -1202,12 +1383,14 @@ def machine_spec(ctx):
             model, " (%s VM)" % hyp if hyp else "", os.cpu_count() or 0, mem_kb / 1048576.0,
             platform.release(), sh(". /etc/os-release && echo $PRETTY_NAME")),
         "- tools: " + "; ".join("%s %s" % kv for kv in versions),
-        "- host load: 1-min load average %.2f at the start, %.2f at most during the run "
-        "(other jobs on this shared machine add noise; per-CPU busy %% of every measurement is in "
-        "the .json)" % (ctx.load_start, LOADAVG_MAX[0]),
+        "- host load: %.0f%% CPU busy just before the run; 1-min load average %.2f at the start, "
+        "%.2f at most during the run (other jobs on this shared machine add noise: see ⚠ below; "
+        "per-CPU busy %% of every measurement is in the .json)" % (
+            ctx.busy_start, ctx.load_start, LOADAVG_MAX[0]),
         "- run: threads/workers per system %d; %s; duration %gs per measurement (+%gs warm-up)%s; "
         "scenarios %s" % (ctx.args.threads, pin, ctx.dur, ctx.warm,
-                          " (--quick)" if ctx.args.quick else "", ",".join(ctx.args.scenarios)),
+                          " (--quick)" if ctx.args.quick else "", ",".join(ctx.args.scenarios)) +
+        ("; every process of the run at nice %s" % ctx.args.nice if ctx.args.nice != "0" else ""),
     ]
     return "\n".join(lines)
 
@@ -1239,6 +1422,10 @@ def write_report(ctx, started):
            "direct rows, the upstream's). `b stream` rows: wrk = whole stream, TTFB = response "
            "header, per-chunk = receive time − mock_sent_us.", "",
            tbl, ""]
+    if ctx.flagged:
+        checks.append("- ⚠N in the busy column: other jobs on this machine used N % of a CPU "
+                      "(on the server's CPU or the load generator's) during that measurement, "
+                      "beyond the server, upstreams and load generator: treat that row as noisy.")
     if checks or ctx.notes:
         doc += ["## Notes", ""] + checks + ["- " + n for n in ctx.notes] + [""]
     with open(path, "w") as f:
@@ -1279,7 +1466,6 @@ def detect_tools(ctx):
     ctx.tools["oha"] = oha
     if oha:
         h = sh("%s --help" % oha)
-        ctx.tools["oha_keepalive_flag"] = "--disable-keepalive" in h
         ctx.tools["oha_json_flag"] = "--output-format" if "--output-format" in h else "-j"
     if ctx.args.with_litellm:
         exe = ctx.args.litellm_bin
@@ -1310,6 +1496,9 @@ def main():
     p.add_argument("--streams", type=int, default=10000)
     p.add_argument("--out-dir", default=os.path.join(LT_DIR, "results"))
     p.add_argument("--tmp", required=True)
+    p.add_argument("--wait-quiet", type=float, default=0.0)
+    p.add_argument("--bin-label", default="")
+    p.add_argument("--nice", default="0")
     args = p.parse_args()
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     for s in args.scenarios:
@@ -1323,8 +1512,26 @@ def main():
     signal.signal(signal.SIGTERM, on_signal)
     detect_tools(ctx)
     ctx.load_start = loadavg()
+    wait_until = time.monotonic() + args.wait_quiet
+    t_wait = time.monotonic()
+    while True:
+        s0 = cpu_stat()
+        time.sleep(1.0)
+        s1 = cpu_stat()
+        ctx.busy_start = 100.0 * (s1["cpu"][0] - s0["cpu"][0]) / max(1, s1["cpu"][1] - s0["cpu"][1])
+        if ctx.busy_start <= 10 or time.monotonic() >= wait_until:
+            break
+        log("host %.0f%% busy: waiting for it to be quiet (at most %.0fs more)"
+            % (ctx.busy_start, wait_until - time.monotonic()))
+        time.sleep(4.0)
+    # What is left of the budget serves the pauses between measurements (quiet_gate).
+    ctx.quiet_budget = max(0.0, args.wait_quiet - (time.monotonic() - t_wait))
+    if ctx.busy_start > 20:
+        log("WARNING: the host is already %.0f%% busy before the run (other jobs): results will "
+            "be noisy; rows with foreign load are flagged" % ctx.busy_start)
     try:
         for s in args.scenarios:
+            ctx.scenario = s
             t0 = time.monotonic()
             try:
                 SCENARIOS[s](ctx)
@@ -1341,4 +1548,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt as e:
+        log("interrupted (%s): stopped every process started" % (e or "SIGINT"))
+        sys.exit(130)

@@ -231,17 +231,23 @@ async def measure(args):
     }
 
 
-def proc_sample(pid):
-    rss = hwm = None
-    try:
-        with open("/proc/%d/status" % pid) as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    rss = int(line.split()[1])
-                elif line.startswith("VmHWM:"):
-                    hwm = int(line.split()[1])
-        fds = len(os.listdir("/proc/%d/fd" % pid))
-    except (OSError, ValueError):
+def proc_sample(pids):
+    """RSS, VmHWM and open descriptors, summed over the watched processes."""
+    rss = hwm = fds = 0
+    seen = False
+    for pid in pids:
+        try:
+            with open("/proc/%d/status" % pid) as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        rss += int(line.split()[1])
+                    elif line.startswith("VmHWM:"):
+                        hwm += int(line.split()[1])
+            fds += len(os.listdir("/proc/%d/fd" % pid))
+            seen = True
+        except (OSError, ValueError):
+            continue
+    if not seen:
         return None
     return {"rss_kb": rss, "hwm_kb": hwm, "fds": fds}
 
@@ -288,7 +294,7 @@ async def hold(args):
 
     async def sampler():
         while True:
-            s = proc_sample(args.watch_pid) if args.watch_pid else None
+            s = proc_sample(args.watch_pids) if args.watch_pids else None
             if s:
                 peak["rss_kb"] = max(peak["rss_kb"], s["rss_kb"] or 0)
                 peak["fds"] = max(peak["fds"], s["fds"])
@@ -320,7 +326,7 @@ async def hold(args):
     t_end = time.monotonic()
     await asyncio.sleep(args.settle)
     samp.cancel()
-    after = proc_sample(args.watch_pid) if args.watch_pid else None
+    after = proc_sample(args.watch_pids) if args.watch_pids else None
     return {
         "mode": "hold",
         "target_streams": args.streams,
@@ -353,13 +359,23 @@ async def one_stream_open(reader, writer, req_sent_at, counts):
     counts["open"] += 1
     try:
         chunked = False
+        length = None
         while True:
             h = await reader.readline()
             if h in (b"\r\n", b"\n", b""):
                 break
             name, _, value = h.partition(b":")
-            if name.strip().lower() == b"transfer-encoding" and b"chunked" in value.lower():
+            name = name.strip().lower()
+            if name == b"transfer-encoding" and b"chunked" in value.lower():
                 chunked = True
+            elif name == b"content-length":
+                length = int(value.strip())
+        if not chunked and length is not None:
+            # An error answer (or a non-streamed body): read exactly its length, the
+            # connection stays open (keep-alive) so there is no EOF to wait for.
+            await reader.readexactly(length)
+            r.total_us = mono_us() - req_sent_at
+            return r
         tail = b""
         while True:
             data = await reader.read(65536)
@@ -394,8 +410,9 @@ def main():
     p.add_argument("--connect-timeout", type=float, default=10.0)
     p.add_argument("--timeout", type=float, default=60.0, help="hold: hard bound, seconds")
     p.add_argument("--settle", type=float, default=3.0, help="hold: wait before the after-sample")
-    p.add_argument("--watch-pid", type=int, default=0, help="hold: process to sample")
+    p.add_argument("--watch-pid", default="", help="hold: processes to sample (pid[,pid...])")
     args = p.parse_args()
+    args.watch_pids = [int(x) for x in args.watch_pid.split(",") if x.strip()]
     if args.host != "localhost" and not args.host.startswith("127."):
         sys.exit("sse_client: refusing a non-loopback target %r" % args.host)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

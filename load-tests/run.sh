@@ -19,7 +19,9 @@ usage() {
 
 Options:
   --bin-dir DIR      where signalbox and signalbox-mock are (default: target/release of the
-                     repo); built there with `cargo build --release --bins` if missing
+                     repo); built there with `cargo build --release --bins` if missing; the
+                     plain Pingora baseline is DIR/examples/plain_pingora, built there with
+                     `cargo build --release --example plain_pingora` if missing
   --threads N        worker threads/processes of every system under test (default 1)
   --duration D       seconds per measured run, e.g. 10s (default 10s; --quick: 3s)
   --quick            smoke mode: 3s runs, 1s warm-ups, 2,000 slow streams, shorter frontier
@@ -154,6 +156,27 @@ if [ ! -x "$BIN_DIR/signalbox" ] || [ ! -x "$BIN_DIR/signalbox-mock" ]; then
   (cd "$REPO" && CARGO_TARGET_DIR="$(dirname "$BIN_DIR")" cargo build --release --bins)
 fi
 
+# The plain Pingora baseline (examples/plain_pingora.rs): built the same way if missing. If that
+# fails its rows say why ("not measured") and the run goes on.
+PINGORA_REASON=""
+if [ ! -x "$BIN_DIR/examples/plain_pingora" ]; then
+  if [ "$(basename "$BIN_DIR")" != release ]; then
+    PINGORA_REASON="$BIN_DIR/examples/plain_pingora is missing and $BIN_DIR is not a cargo target/release dir"
+  else
+    echo "run.sh: building plain_pingora into $BIN_DIR/examples (cargo build --release --example plain_pingora)" >&2
+    if ! (cd "$REPO" && CARGO_TARGET_DIR="$(dirname "$BIN_DIR")" \
+          cargo build --release --example plain_pingora) >"$TMP/plain-pingora-build.log" 2>&1 \
+        || [ ! -x "$BIN_DIR/examples/plain_pingora" ]; then
+      why=$( { grep -m1 '^error' "$TMP/plain-pingora-build.log" || tail -1 "$TMP/plain-pingora-build.log"; } \
+             2>/dev/null | cut -c1-200 || true)
+      PINGORA_REASON="cargo build --release --example plain_pingora failed: ${why:-no output}"
+    fi
+  fi
+  if [ -n "$PINGORA_REASON" ]; then
+    echo "run.sh: $PINGORA_REASON; the pingora rows will say so" >&2
+  fi
+fi
+
 LITELLM_BIN=""
 LITELLM_REASON=""
 if [ "$WITH_LITELLM" = 1 ]; then
@@ -171,7 +194,7 @@ fi
 
 ARGS=(--bin-dir "$BIN_DIR" --threads "$THREADS" --duration "$DUR_S" --scenarios "$SCENARIOS"
       --streams "$STREAMS" --out-dir "$OUT_DIR" --tmp "$TMP" --wait-quiet "$WAIT_QUIET"
-      --bin-label "$BIN_LABEL")
+      --bin-label "$BIN_LABEL" --pingora-reason "$PINGORA_REASON")
 [ "$QUICK" = 1 ] && ARGS+=(--quick)
 [ "$NO_PIN" = 1 ] && ARGS+=(--no-pin)
 [ "$WITH_LITELLM" = 1 ] && ARGS+=(--with-litellm --litellm-bin "$LITELLM_BIN" --litellm-reason "$LITELLM_REASON")

@@ -3,8 +3,8 @@
 the fd limit and the EXIT trap); standard library only.
 
 For every scenario it starts fresh upstreams and, one after the other, each system under test
-(direct = no proxy, nginx, HAProxy, signalbox, optionally LiteLLM) with the same worker/thread
-count; warms up; runs the load generator for a bounded time; reads the server's CPU time and
+(direct = no proxy, nginx, HAProxy, plain Pingora, signalbox, optionally LiteLLM) with the same
+worker/thread count; warms up; runs the load generator for a bounded time; reads the server's CPU time and
 peak RSS from /proc; stops the system. All targets are loopback. Every process is started in
 its own process group whose id is appended to $TMP/pids, so that run.sh's trap can end it even
 if this script dies.
@@ -43,7 +43,10 @@ STATIC_COMPLETION = (
 FOREIGN_FLAG = 15.0
 
 SB_HEALTH = "signalbox (breakers on)"
-SYSTEM_ORDER = ["direct", "nginx", "haproxy", "signalbox", SB_HEALTH, "litellm"]
+# "pingora": examples/plain_pingora.rs, a Pingora proxy that forwards everything to one upstream
+# with keep-alive and does no routing work: the floor of any Pingora-based proxy on this machine.
+PLAIN_PINGORA = os.path.join("examples", "plain_pingora")
+SYSTEM_ORDER = ["direct", "nginx", "haproxy", "pingora", "signalbox", SB_HEALTH, "litellm"]
 
 
 class SystemUnavailable(Exception):
@@ -527,6 +530,19 @@ def start_system(ctx, system, upstreams, failover=False, sb_models=None, sb_prov
                  cpu=ctx.server_cpu)
         p.wait_port(port)
         return p, port, {}
+    if system == "pingora":
+        if failover or len(upstreams) != 1:
+            raise SystemUnavailable("plain Pingora forwards to one upstream: it cannot fail over")
+        binary = os.path.join(ctx.bin_dir, PLAIN_PINGORA)
+        if not os.access(binary, os.X_OK):
+            raise SystemUnavailable(ctx.args.pingora_reason or "%s is missing (cargo build "
+                                    "--release --example plain_pingora)" % binary)
+        p = Proc(ctx, "pingora-%d" % port,
+                 [binary, "127.0.0.1:%d" % port, "127.0.0.1:%d" % upstreams[0], str(n)],
+                 cpu=ctx.server_cpu, env=ctx.env)
+        p.wait_port(port)
+        p.sigstop = signal.SIGINT  # Pingora: SIGINT = fast shutdown
+        return p, port, {}
     if system == "signalbox":
         admin = free_port()
         providers = sb_providers or {"up": upstreams[0]}
@@ -760,8 +776,10 @@ def add_row(ctx, system, scenario, res=None, meter=None, failed=None, note=None,
     return row
 
 
-def systems_for(ctx, include_litellm=True):
-    out = ["direct", "nginx", "haproxy", "signalbox"]
+def systems_for(ctx, include_litellm=True, include_pingora=False):
+    """Plain Pingora only where asked (a, c): it has no failover (d) and b/f are not about
+    the per-request cost it is a floor for."""
+    out = ["direct", "nginx", "haproxy"] + (["pingora"] if include_pingora else []) + ["signalbox"]
     if ctx.args.with_litellm and include_litellm:
         out.append("litellm")
     return out
@@ -805,8 +823,9 @@ def measure_wrk(ctx, system, label, port, server, script, sargs, conns, note=Non
 
 
 def wrk_matrix(ctx, label, upstream, upstream_ports, script, conns, stream=False):
-    """Direct and every proxy in front of upstream_ports[0], one wrk run each."""
-    for system in systems_for(ctx):
+    """Direct and every proxy (plain Pingora included) in front of upstream_ports[0], one wrk
+    run each."""
+    for system in systems_for(ctx, include_pingora=True):
         proc = None
         try:
             if system == "direct":
@@ -1007,7 +1026,7 @@ def scenario_e(ctx):
     rates = [1000, 5000]
     step = 2.0 if ctx.args.quick else 3.0
     max_steps = 5 if ctx.args.quick else 8
-    for system in ["direct", "nginx", "haproxy", "signalbox"]:
+    for system in ["direct", "nginx", "haproxy", "pingora", "signalbox"]:
         proc = None
         try:
             if system == "direct":
@@ -1164,9 +1183,9 @@ def scenario_g(ctx):
     clean = "g clean, 1 conn"
     labels = {"lt-clean": clean, "lt-refused": "g +1 hop: refused port, 1 conn",
               "lt-503": "g +1 hop: 503, 1 conn"}
-    # Reference: the same single connection direct and through the plain proxies, to show
-    # what a proxy hop costs on this VM at this (low, wake-up dominated) rate.
-    for system in ("direct", "nginx", "haproxy"):
+    # Reference: the same single connection direct and through the plain proxies (plain Pingora
+    # included), to show what a proxy hop costs on this VM at this (low, wake-up dominated) rate.
+    for system in ("direct", "nginx", "haproxy", "pingora"):
         try:
             if system == "direct":
                 port, server = okp, ok
@@ -1352,6 +1371,38 @@ def bin_mtime(ctx):
         return "?"
 
 
+def pingora_version(ctx):
+    binary = os.path.join(ctx.bin_dir, PLAIN_PINGORA)
+    try:
+        t = datetime.datetime.fromtimestamp(os.path.getmtime(binary)).strftime("%Y-%m-%d %H:%M")
+    except OSError:
+        return "unavailable (%s)" % (ctx.args.pingora_reason or "%s missing" % binary)
+    return "%s (built %s from the repo's examples/plain_pingora.rs)" % (binary, t)
+
+
+def pingora_notes(ctx):
+    """signalbox ÷ plain Pingora, same run: how much of signalbox's cost is Pingora itself."""
+    out = []
+    for label in ("a 2 KiB, 64 conns", "c 100 KiB, 16 conns", "e frontier: p99<10ms, 0 err",
+                  "g clean, 1 conn"):
+        sb, pp = find_label(ctx.rows, "signalbox", label), find_label(ctx.rows, "pingora", label)
+        if not sb or not pp:
+            continue
+        key = "frontier" if label.startswith("e frontier") else "rps"
+        out.append("%s: signalbox vs plain Pingora, same run: %s throughput, %s CPU per request "
+                   "(%s vs %s %s; %s vs %s µs/req)" % (
+                       label, ratio(sb.get(key), pp.get(key)),
+                       ratio(sb.get("cpu_us_per_req"), pp.get("cpu_us_per_req")),
+                       "{:,.0f}".format(sb.get(key) or 0), "{:,.0f}".format(pp.get(key) or 0),
+                       "req/s frontier" if key == "frontier" else "req/s",
+                       fmt_cpu(sb.get("cpu_us_per_req")), fmt_cpu(pp.get("cpu_us_per_req"))))
+    return out
+
+
+def fmt_cpu(v):
+    return "-" if v is None else "%.1f" % v
+
+
 def machine_spec(ctx):
     mem_kb = 0
     with open("/proc/meminfo") as f:
@@ -1367,6 +1418,7 @@ def machine_spec(ctx):
             ctx.bin_dir, bin_mtime(ctx), ", " + ctx.args.bin_label if ctx.args.bin_label else "",
             ("; repo HEAD %s%s" % (rev, ", work tree has uncommitted src changes" if dirty else ""))
             if os.path.abspath(ctx.bin_dir).startswith(REPO + os.sep) else "")),
+        ("plain_pingora", pingora_version(ctx)),
         ("rustc", sh("rustc --version")),
         ("wrk", sh("wrk -v 2>&1 | head -1") if ctx.tool("wrk") else "missing"),
         ("oha", sh("%s --version" % ctx.tool("oha")) if ctx.tool("oha") else "missing"),
@@ -1420,8 +1472,11 @@ def write_report(ctx, started):
            "= utime+stime of the server's process tree ÷ requests; busy % = CPU time ÷ wall time "
            "(100 = one core saturated); peak RSS = VmHWM (summed over the process tree; for "
            "direct rows, the upstream's). `b stream` rows: wrk = whole stream, TTFB = response "
-           "header, per-chunk = receive time − mock_sent_us.", "",
+           "header, per-chunk = receive time − mock_sent_us. `pingora` = a plain Pingora proxy "
+           "(examples/plain_pingora.rs: one upstream, keep-alive, no routing work), the floor of "
+           "any Pingora-based proxy here; the Notes give signalbox ÷ pingora.", "",
            tbl, ""]
+    checks += ["- " + n for n in pingora_notes(ctx)]
     if ctx.flagged:
         checks.append("- ⚠N in the busy column: other jobs on this machine used N % of a CPU "
                       "(on the server's CPU or the load generator's) during that measurement, "
@@ -1492,6 +1547,7 @@ def main():
     p.add_argument("--with-litellm", action="store_true")
     p.add_argument("--litellm-bin", default="")
     p.add_argument("--litellm-reason", default="")
+    p.add_argument("--pingora-reason", default="")
     p.add_argument("--scenarios", default="a,b,c,d,e,f,g")
     p.add_argument("--streams", type=int, default=10000)
     p.add_argument("--out-dir", default=os.path.join(LT_DIR, "results"))

@@ -6,11 +6,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// mimalloc: a proxy allocates and frees many small buffers per request across threads;
-/// measured against glibc malloc in `load-tests/` (see the README's performance notes).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser, Debug)]
 #[command(name = "signalbox", version, about = "An LLM gateway on Pingora")]
 struct Cli {

@@ -1120,7 +1120,7 @@ def scenario_f(ctx):
     bound = n / ramp + stream_s + 40
     # The same client straight to the mock first: its TTFB under this connection ramp is the
     # client's own baseline (the client and the mock share the load CPU).
-    for system in ("direct", "nginx", "signalbox"):
+    for system in ("direct", "nginx", "pingora", "signalbox"):
         proc = None
         try:
             if system == "direct":

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use http::{header, Method};
+use http::{header, HeaderName, HeaderValue, Method};
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType};
 use pingora_http::{RequestHeader, ResponseHeader};
@@ -87,14 +87,29 @@ impl Gateway {
 }
 
 /// Headers a client may use to authenticate to signalbox; never forwarded upstream.
-const CLIENT_AUTH_HEADERS: &[&str] = &[
-    "authorization",
-    "x-api-key",
-    "api-key",
-    "proxy-authorization",
+static CLIENT_AUTH_HEADERS: [HeaderName; 4] = [
+    header::AUTHORIZATION,
+    HeaderName::from_static("x-api-key"),
+    HeaderName::from_static("api-key"),
+    header::PROXY_AUTHORIZATION,
+];
+/// Request headers that describe the caller's hop or speak to signalbox, not to the provider.
+static HOP_AND_GATEWAY_HEADERS: [HeaderName; 8] = [
+    header::EXPECT,
+    header::TRANSFER_ENCODING,
+    header::ACCEPT_ENCODING,
+    HeaderName::from_static("x-llm-session"),
+    HeaderName::from_static("x-llm-route"),
+    HeaderName::from_static("x-llm-router"),
+    HeaderName::from_static("x-llm-metadata"),
+    header::COOKIE,
 ];
 /// Response headers of the provider that describe its account, not the answer.
-const DROPPED_RESPONSE_HEADERS: &[&str] = &["set-cookie", "openai-organization", "openai-project"];
+static DROPPED_RESPONSE_HEADERS: [HeaderName; 3] = [
+    header::SET_COOKIE,
+    HeaderName::from_static("openai-organization"),
+    HeaderName::from_static("openai-project"),
+];
 /// Cap on an upstream `Retry-After` relayed to callers.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(3600);
 /// Output tokens assumed when the request does not say (`max_tokens`).
@@ -519,32 +534,23 @@ impl ProxyHttp for Gateway {
             .deployment(&tables.catalog, attempt.target.position)
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no deployment"))?;
         let provider = tables.catalog.provider(deployment.provider);
-        for h in CLIENT_AUTH_HEADERS {
-            upstream_request.remove_header(*h);
-        }
-        for h in [
-            "expect",
-            "transfer-encoding",
-            "accept-encoding",
-            "x-llm-session",
-            "x-llm-route",
-            "x-llm-router",
-            "x-llm-metadata",
-            "cookie",
-        ] {
-            upstream_request.remove_header(h);
-        }
-        if let Some(auth) = provider.credentials[attempt.target.credential]
+        let auth = provider.credentials[attempt.target.credential]
             .auth
-            .as_ref()
-        {
-            upstream_request.insert_header("authorization", auth.header_value().clone())?;
-        }
-        upstream_request.set_uri(provider.chat_uri.clone());
-        upstream_request.insert_header("host", provider.host_header.clone())?;
+            .as_ref();
         let len = ctx.attempt_body.as_ref().map_or(0, |(_, b)| b.len());
-        upstream_request.insert_header("content-length", len)?;
-        upstream_request.insert_header("x-request-id", ctx.request_id.clone())?;
+        respond::edit_request_parts(upstream_request, |parts| {
+            let headers = &mut parts.headers;
+            for name in CLIENT_AUTH_HEADERS.iter().chain(&HOP_AND_GATEWAY_HEADERS) {
+                headers.remove(name);
+            }
+            if let Some(auth) = auth {
+                headers.insert(header::AUTHORIZATION, auth.header_value().clone());
+            }
+            parts.uri = provider.chat_uri.clone();
+            headers.insert(header::HOST, provider.host_header.clone());
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+            headers.insert(respond::names::X_REQUEST_ID, ctx.request_id.clone());
+        });
         Ok(())
     }
 
@@ -634,9 +640,14 @@ impl ProxyHttp for Gateway {
                 );
                 if !matches!(ctx.rewriter, ResponseRewriter::Passthrough) && !length_kept {
                     // The body changes length: re-frame it.
-                    upstream_response.remove_header("content-length");
-                    upstream_response.remove_header("content-encoding");
-                    upstream_response.insert_header("transfer-encoding", "chunked")?;
+                    respond::edit_response_parts(upstream_response, |parts| {
+                        parts.headers.remove(header::CONTENT_LENGTH);
+                        parts.headers.remove(header::CONTENT_ENCODING);
+                        parts.headers.insert(
+                            header::TRANSFER_ENCODING,
+                            HeaderValue::from_static("chunked"),
+                        );
+                    });
                 }
                 ctx.served = ctx.current;
                 Ok(())
@@ -685,10 +696,12 @@ impl ProxyHttp for Gateway {
         if upstream_response.status.is_informational() {
             return Ok(());
         }
-        for h in DROPPED_RESPONSE_HEADERS {
-            upstream_response.remove_header(*h);
-        }
-        respond::add_routing_headers(upstream_response, ctx, Instant::now())?;
+        respond::add_routing_headers(
+            upstream_response,
+            ctx,
+            Instant::now(),
+            &DROPPED_RESPONSE_HEADERS,
+        );
         ctx.status = Some(upstream_response.status.as_u16());
         ctx.committed = true;
         if upstream_response.status.is_success() {

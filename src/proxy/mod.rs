@@ -450,10 +450,13 @@ fn peer_for(
 
 #[async_trait]
 impl ProxyHttp for Gateway {
-    type CTX = RequestCtx;
+    /// Boxed: Pingora keeps the context inside its per-request future, which it moves into a
+    /// fresh box for every request on a connection; a pointer there instead of ~1 KiB of
+    /// state keeps that copy (and every stream's resident future) smaller.
+    type CTX = Box<RequestCtx>;
 
     fn new_ctx(&self) -> Self::CTX {
-        RequestCtx::new()
+        Box::new(RequestCtx::new())
     }
 
     async fn request_filter(

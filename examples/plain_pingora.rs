@@ -1,10 +1,15 @@
 //! A plain Pingora reverse proxy with no routing work: the floor signalbox's own overhead is
 //! measured against in `load-tests/` (same Pingora version, same thread count, same upstream
-//! pool settings). Not part of the product.
+//! pool settings, same allocator). Not part of the product.
 //!
 //! `cargo run --release --example plain_pingora -- LISTEN UPSTREAM [THREADS]`
 
 use async_trait::async_trait;
+
+/// The same allocator as `signalbox`, so the floor differs from it only by the routing work.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use pingora_core::server::configuration::ServerConf;
 use pingora_core::server::Server;
 use pingora_core::upstreams::peer::HttpPeer;

@@ -6,6 +6,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// jemalloc: returns freed memory to the system on its own (decay), so a burst of
+/// concurrent streams does not leave the process at its peak size; measured against glibc
+/// malloc in `load-tests/` (scenario f).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser, Debug)]
 #[command(name = "signalbox", version, about = "An LLM gateway on Pingora")]
 struct Cli {

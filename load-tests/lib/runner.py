@@ -1149,7 +1149,7 @@ def scenario_f(ctx):
             quiet_gate(ctx)
             m = Meter(server, ctx)
             r = run_sse(ctx, "hold", port, streams=n, ramp_rate=ramp, timeout=bound,
-                        settle=3, watch_pid=",".join(str(p) for p in pids), connect_timeout=15)
+                        settle=12, watch_pid=",".join(str(p) for p in pids), connect_timeout=15)
             m.stop()
             after = r.get("after") or {}
             note = ("%s: %d/%d streams open at once, %d completed, %d errors; %s idle %s fds / "

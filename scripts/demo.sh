@@ -8,9 +8,10 @@ cd "$(dirname "$0")/.."
 need_pkgs=()
 command -v cmake >/dev/null 2>&1 || need_pkgs+=(cmake)
 command -v cc >/dev/null 2>&1 || need_pkgs+=(build-essential)
+command -v make >/dev/null 2>&1 || need_pkgs+=(make)
 command -v curl >/dev/null 2>&1 || need_pkgs+=(curl)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
-  echo "demo: installing ${need_pkgs[*]} (needed to build Pingora)"
+  echo "demo: installing ${need_pkgs[*]} (needed to build Pingora and jemalloc)"
   sudo_cmd=""
   [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq

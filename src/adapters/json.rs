@@ -88,8 +88,12 @@ pub fn scan_object(doc: &[u8], wanted: &[&[u8]]) -> Result<Scan, JsonError> {
         };
     }
     p.i += 1;
+    // Sized up front: chat requests and responses have a handful of top-level members, and
+    // growing from empty would reallocate twice per scan.
     let mut scan = Scan {
         object_start: p.i,
+        found: Vec::with_capacity(wanted.len()),
+        members: Vec::with_capacity(8),
         ..Scan::default()
     };
     p.ws();

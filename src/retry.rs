@@ -16,6 +16,16 @@ use crate::error::{ErrorCode, GatewayError};
 use crate::metrics::Outcome;
 use crate::routing::plan::{Advance, Plan, SkipReason};
 
+/// Failures worth calling the same target again (`failover.transient_retries`): the target
+/// answered or accepted before, and a second call often succeeds. A refused connect (nothing
+/// listening), a TTFB timeout (already slow), and credential or model verdicts are not.
+pub fn is_transient(outcome: Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::Reset | Outcome::ConnectTimeout | Outcome::ServerError
+    )
+}
+
 /// What to do with an upstream response status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatusVerdict {

@@ -29,7 +29,7 @@ providers:
 models:
   m: { deployments: [{ provider: ghost, model: x }] }
 aliases: { f: missing }
-failover: { max_attempts: 0 }
+failover: { max_attempts: 0, transient_retries: 9 }
 "#,
     )
     .unwrap();
@@ -41,6 +41,7 @@ failover: { max_attempts: 0 }
         "models.m.deployments[0].provider:",
         "aliases.f:",
         "failover.max_attempts:",
+        "failover.transient_retries:",
     ] {
         assert!(err.contains(needle), "{needle} missing from:\n{err}");
     }

@@ -275,3 +275,62 @@ async fn unusable_candidates_fail_fast_without_calls() {
     expect_error(r, 503, "no_provider_available").await;
     assert_eq!(a.calls(), 0);
 }
+
+/// `failover.transient_retries`: a reset or a 5xx calls the same target again (each call an
+/// attempt, none a failover); a refused connect or a credential refusal moves on at once; the
+/// budget is per target.
+#[tokio::test(flavor = "multi_thread")]
+async fn transient_retries_call_the_same_target_again() {
+    let with_retries = |conf: String| conf + "failover: { transient_retries: 2 }\n";
+
+    // One reset, then an answer: served by `a` on its second call.
+    let a = mock("a").await;
+    let b = mock("b").await;
+    let gw = Gateway::start(with_retries(config(&a.base_url(), "", &b)));
+    a.push_script([Behaviour::Reset]);
+    let r = post_chat(&gw, &chat("m")).await;
+    assert_eq!(r.status(), 200, "{}", gw.stderr());
+    assert_eq!(header(&r, "x-llm-provider"), "a");
+    assert_eq!(header(&r, "x-llm-attempts"), "2");
+    assert_eq!(
+        header(&r, "x-llm-fallback"),
+        "false",
+        "a retry is not a fallback"
+    );
+    assert_eq!((a.calls(), b.calls()), (2, 0));
+    let metrics = gw.metrics().await;
+    let failovers_from_a: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("signalbox_failovers_total{provider=\"a\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(
+        failovers_from_a, 0.0,
+        "a same-target retry is not a failover:\n{metrics}"
+    );
+
+    // 503 three times: the first call and two retries on `a`, then `b`.
+    a.set_default(status(503));
+    let r = post_chat(&gw, &chat("m")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-llm-provider"), "b");
+    assert_eq!(header(&r, "x-llm-attempts"), "4");
+    assert_eq!((a.calls(), b.calls()), (5, 1));
+
+    // A credential refusal is not transient: straight to `b`.
+    let a = mock("a").await;
+    let b = mock("b").await;
+    let gw = Gateway::start(with_retries(config(&a.base_url(), "", &b)));
+    a.set_default(status(401));
+    let r = post_chat(&gw, &chat("m")).await;
+    assert_eq!(header(&r, "x-llm-provider"), "b");
+    assert_eq!((a.calls(), b.calls()), (1, 1));
+
+    // Nothing listening: no point calling again.
+    let b = mock("b").await;
+    let url = format!("http://127.0.0.1:{}/v1", refused_port());
+    let gw = Gateway::start(with_retries(config(&url, "", &b)));
+    let r = post_chat(&gw, &chat("m")).await;
+    assert_eq!(header(&r, "x-llm-provider"), "b");
+    assert_eq!(header(&r, "x-llm-attempts"), "2");
+}

@@ -172,6 +172,10 @@ pub struct FailoverSection {
     pub ttfb_timeout: String,
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout: String,
+    /// Extra calls to the same target after a transient failure (reset or closed before the
+    /// header, connect timeout, 5xx/529/408) before moving on; each is an attempt (default 0).
+    #[serde(default)]
+    pub transient_retries: u32,
 }
 
 impl Default for FailoverSection {
@@ -181,6 +185,7 @@ impl Default for FailoverSection {
             deadline: default_deadline(),
             ttfb_timeout: default_ttfb_timeout(),
             connect_timeout: default_connect_timeout(),
+            transient_retries: 0,
         }
     }
 }

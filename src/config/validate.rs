@@ -358,6 +358,8 @@ pub struct Failover {
     pub deadline: Option<Duration>,
     pub ttfb_timeout: Duration,
     pub connect_timeout: Duration,
+    /// Same-target retries after a transient failure (0 = off).
+    pub transient_retries: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -366,6 +368,8 @@ pub struct Limits {
     pub max_request_headers: usize,
 }
 
+/// The largest `failover.transient_retries` accepted: more only hammers a failing target.
+const TRANSIENT_RETRIES_CEILING: u32 = 5;
 /// The largest `failover.max_attempts` accepted: far beyond any useful plan.
 const MAX_ATTEMPTS_CEILING: u32 = 100;
 
@@ -519,8 +523,15 @@ fn validate_failover(file: &ConfigFile, errs: &mut Vec<ConfigError>) -> Failover
             format!("must be between 1 and {MAX_ATTEMPTS_CEILING}"),
         ));
     }
+    if f.transient_retries > TRANSIENT_RETRIES_CEILING {
+        errs.push(ConfigError::new(
+            "failover.transient_retries",
+            format!("must be between 0 and {TRANSIENT_RETRIES_CEILING}"),
+        ));
+    }
     let deadline = parse_duration(&f.deadline, "failover.deadline", errs);
     Failover {
+        transient_retries: f.transient_retries.min(TRANSIENT_RETRIES_CEILING),
         max_attempts: f.max_attempts.clamp(1, MAX_ATTEMPTS_CEILING),
         deadline: deadline.filter(|d| !d.is_zero()),
         ttfb_timeout: positive_duration(&f.ttfb_timeout, "failover.ttfb_timeout", errs),

@@ -35,10 +35,13 @@ pub struct Attempt {
 #[derive(Debug, Clone, Copy)]
 pub struct AttemptRecord {
     pub provider: ProviderIdx,
+    /// Plan position and credential called.
+    pub target: (usize, usize),
     pub outcome: Outcome,
     pub ttfb: Option<Duration>,
     pub duration: Duration,
-    /// Whether another attempt followed (a failover).
+    /// Whether an attempt on another target followed (a failover; calling the same target
+    /// again — a stale pooled connection, a transient retry — is not one).
     pub followed: bool,
 }
 
@@ -55,6 +58,8 @@ pub struct RequestCtx {
     pub pending: Option<Target>,
     /// A target to call again because its pooled connection was stale (not a failover).
     pub retry_same: bool,
+    /// Same-target retries spent on the current target (`failover.transient_retries`).
+    pub transient_retries: u32,
     pub current: Option<Attempt>,
     /// Holds the current attempt's in-flight count (and probe slot) in the health registry.
     pub guard: Option<InflightGuard>,
@@ -101,6 +106,7 @@ impl RequestCtx {
             plan: None,
             pending: None,
             retry_same: false,
+            transient_retries: 0,
             current: None,
             guard: None,
             retry_after: None,
@@ -139,13 +145,15 @@ impl RequestCtx {
         let retry_after = self.retry_after.take();
         if let Some(a) = self.current.take() {
             let now = Instant::now();
+            let target = (a.target.position, a.target.credential);
             if let Some(prev) = self.log.last_mut() {
-                prev.followed = true;
+                prev.followed = prev.target != target;
             }
             let ttfb = a.header_at.map(|h| h.duration_since(a.started));
             let duration = now.duration_since(a.started);
             self.log.push(AttemptRecord {
                 provider: a.provider,
+                target,
                 outcome,
                 ttfb,
                 duration,

@@ -159,6 +159,8 @@ impl Gateway {
     /// After a failed attempt: record it and decide whether another attempt may run.
     /// Returns whether Pingora should retry (call `upstream_peer` again).
     fn after_failure(&self, ctx: &mut RequestCtx, outcome: Outcome, advance: Advance) -> bool {
+        let failed = ctx.current.map(|a| a.target);
+        let failed_ref = ctx.guard.as_ref().map(crate::health::InflightGuard::target);
         ctx.finish_attempt(outcome);
         ctx.failures.record(outcome);
         let (Some(tables), Some(router)) = (ctx.tables.clone(), ctx.router.clone()) else {
@@ -177,6 +179,24 @@ impl Gateway {
                 return false;
             }
         }
+        // Same-target retry: a transient failure, budget left, and the breaker (which has
+        // just seen this failure) still admits the target. Never for a half-open probe.
+        if let (Some(target), Some(target_ref)) = (failed, failed_ref) {
+            let admitted = matches!(
+                router.health.admission(target_ref, router.health.now_ms()),
+                crate::health::Admission::Healthy { .. }
+            );
+            if !target.probe
+                && retry::is_transient(outcome)
+                && ctx.transient_retries < tables.failover.transient_retries
+                && admitted
+            {
+                ctx.transient_retries += 1;
+                ctx.pending = Some(target);
+                return true;
+            }
+        }
+        ctx.transient_retries = 0;
         ctx.pending = plan.next(&plan_env(&router, &tables), advance);
         ctx.pending.is_some()
     }

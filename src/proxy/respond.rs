@@ -174,17 +174,42 @@ impl ValueBuf {
     fn value(&self) -> Option<HeaderValue> {
         HeaderValue::from_bytes(&self.buf[..self.len]).ok()
     }
-}
 
-impl std::fmt::Write for ValueBuf {
-    /// Writes past the end are cut off (the value stays well formed: every caller writes
-    /// visible ASCII).
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        let room = self.buf.len() - self.len;
-        let n = s.len().min(room);
-        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+    /// Append bytes, cut off at the end of the buffer.
+    fn push(&mut self, bytes: &[u8]) {
+        let n = bytes.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&bytes[..n]);
         self.len += n;
-        Ok(())
+    }
+
+    /// Append a number in decimal, without the formatting machinery.
+    fn push_u64(&mut self, mut v: u64) {
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        loop {
+            at -= 1;
+            // A remainder of 10 is below 10: the cast cannot truncate.
+            digits[at] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        self.push(&digits[at..]);
+    }
+
+    fn push_i64(&mut self, v: i64) {
+        if v < 0 {
+            self.push(b"-");
+        }
+        self.push_u64(v.unsigned_abs());
+    }
+
+    /// Append a duration in milliseconds rounded to a tenth (`12.3`).
+    fn push_tenths_ms(&mut self, d: std::time::Duration) {
+        let tenths = u64::try_from((d.as_micros() + 50) / 100).unwrap_or(u64::MAX);
+        self.push_u64(tenths / 10);
+        self.push(&[b'.', b'0' + (tenths % 10) as u8]);
     }
 }
 
@@ -195,41 +220,46 @@ fn routing_reason(
     tables: &Tables,
     default_strategy: &str,
 ) -> Option<HeaderValue> {
-    use std::fmt::Write;
     let catalog = &tables.catalog;
     let mut out = ValueBuf::new();
+    out.push(b"strategy=");
     let Some(plan) = &ctx.plan else {
-        let _ = write!(out, "strategy={default_strategy}");
+        out.push(default_strategy.as_bytes());
         return out.value();
     };
-    let _ = write!(out, "strategy={}", plan.strategy().as_str());
+    out.push(plan.strategy().as_str().as_bytes());
     let first_pos = plan.first_position().unwrap_or(0);
     if let Some(first) = plan.deployment(catalog, first_pos) {
         let facts = plan.facts();
         let cost =
             crate::routing::scoring::cost_micro(first, facts.input_tokens, facts.output_tokens);
+        out.push(b" selected=");
+        out.push(catalog.provider(first.provider).id.as_bytes());
+        out.push(b" priority=");
+        out.push_i64(i64::from(first.priority));
+        out.push(b" cost_micro=");
+        out.push_u64(cost);
         // The selected target was healthy unless it was taken as a half-open probe.
-        let healthy = !ctx.first_was_probe;
-        let _ = write!(
-            out,
-            " selected={} priority={} cost_micro={cost} healthy={healthy} fallbacks=",
-            catalog.provider(first.provider).id,
-            first.priority,
-        );
+        out.push(if ctx.first_was_probe {
+            b" healthy=false fallbacks="
+        } else {
+            b" healthy=true fallbacks="
+        });
         // Remaining candidates' providers, in order, each once (bounded: a header, not a dump).
         let mut listed = [first.provider; 9];
         let mut n_listed = 1;
-        let mut sep = "";
         for pos in (0..plan.len()).filter(|p| *p != first_pos) {
             if n_listed == listed.len() {
                 break;
             }
             if let Some(d) = plan.deployment(catalog, pos) {
                 if !listed[..n_listed].contains(&d.provider) {
+                    if n_listed > 1 {
+                        out.push(b",");
+                    }
                     listed[n_listed] = d.provider;
                     n_listed += 1;
-                    let _ = write!(out, "{sep}{}", catalog.provider(d.provider).id);
-                    sep = ",";
+                    out.push(catalog.provider(d.provider).id.as_bytes());
                 }
             }
         }
@@ -245,24 +275,17 @@ pub fn estimate_input_tokens(body_len: usize) -> u64 {
 /// `gateway;dur=…, upstream;dur=…, total;dur=…` in milliseconds to a tenth (integer
 /// arithmetic: float formatting costs more than the rest of the header).
 fn server_timing(ctx: &RequestCtx, now: Instant) -> Option<HeaderValue> {
-    use std::fmt::Write;
     let total = now.saturating_duration_since(ctx.started);
     let first = ctx.first_attempt_at.unwrap_or(now);
     let gateway = first.saturating_duration_since(ctx.started);
     let upstream = now.saturating_duration_since(first);
-    let tenths = |d: std::time::Duration| (d.as_micros() + 50) / 100;
-    let (g, u, t) = (tenths(gateway), tenths(upstream), tenths(total));
     let mut out = ValueBuf::new();
-    let _ = write!(
-        out,
-        "gateway;dur={}.{}, upstream;dur={}.{}, total;dur={}.{}",
-        g / 10,
-        g % 10,
-        u / 10,
-        u % 10,
-        t / 10,
-        t % 10
-    );
+    out.push(b"gateway;dur=");
+    out.push_tenths_ms(gateway);
+    out.push(b", upstream;dur=");
+    out.push_tenths_ms(upstream);
+    out.push(b", total;dur=");
+    out.push_tenths_ms(total);
     out.value()
 }
 
@@ -291,15 +314,23 @@ mod tests {
             value.to_str().ok(),
             Some("gateway;dur=12.0, upstream;dur=0.0, total;dur=12.0")
         );
+        // Several digits, and a tenth that rounds up into the next millisecond.
+        ctx.started = now - Duration::from_micros(1_234_960);
+        ctx.first_attempt_at = Some(now - Duration::from_micros(1_001));
+        let value = server_timing(&ctx, now).expect("visible ASCII");
+        assert_eq!(
+            value.to_str().ok(),
+            Some("gateway;dur=1234.0, upstream;dur=1.0, total;dur=1235.0")
+        );
     }
 
     #[test]
     fn a_value_longer_than_the_buffer_is_cut_not_lost() {
-        use std::fmt::Write;
         let mut buf = ValueBuf::new();
         for _ in 0..50 {
-            let _ = write!(buf, "abcdefgh");
+            buf.push(b"abcdefgh");
         }
+        buf.push_u64(u64::MAX);
         let value = buf.value().expect("visible ASCII");
         assert_eq!(value.len(), 192);
     }

@@ -279,6 +279,19 @@ pub fn sse_error_event(message: &str, code: &str) -> Bytes {
 }
 
 impl ResponseRewriter {
+    /// Whether the relayed body may differ in length from the upstream's, so the response must
+    /// be re-framed (chunked) instead of keeping its `Content-Length`.
+    pub fn changes_length(&self) -> bool {
+        !matches!(
+            self,
+            ResponseRewriter::Passthrough
+                | ResponseRewriter::Json {
+                    fixed_len: Some(_),
+                    ..
+                }
+        )
+    }
+
     /// Filter one body chunk in place. `stats` accumulates what the stream showed.
     pub fn filter(&mut self, body: &mut Option<Bytes>, eos: bool, stats: &mut StreamStats) {
         match self {
@@ -579,6 +592,23 @@ mod tests {
                 completion_tokens: 4
             })
         );
+    }
+
+    #[test]
+    fn only_a_rewrite_that_may_change_the_length_asks_for_re_framing() {
+        let json = |fixed_len| ResponseRewriter::Json {
+            caller_model: Bytes::from_static(b"\"m\""),
+            buf: BytesMut::new(),
+            fixed_len,
+        };
+        assert!(!ResponseRewriter::Passthrough.changes_length());
+        assert!(!json(Some(10)).changes_length());
+        assert!(json(None).changes_length());
+        let sse = ResponseRewriter::Sse {
+            caller_model: Bytes::from_static(b"\"m\""),
+            carry: BytesMut::new(),
+        };
+        assert!(sse.changes_length());
     }
 
     #[test]

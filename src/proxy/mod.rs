@@ -98,8 +98,8 @@ static HOP_AND_GATEWAY_HEADERS: [HeaderName; 8] = [
     header::EXPECT,
     header::TRANSFER_ENCODING,
     header::ACCEPT_ENCODING,
-    HeaderName::from_static("x-llm-session"),
-    HeaderName::from_static("x-llm-route"),
+    respond::names::X_LLM_SESSION,
+    respond::names::X_LLM_ROUTE,
     HeaderName::from_static("x-llm-router"),
     HeaderName::from_static("x-llm-metadata"),
     header::COOKIE,
@@ -321,7 +321,7 @@ fn plan_request(
     ctx.session = session
         .req_header()
         .headers
-        .get("x-llm-session")
+        .get(respond::names::X_LLM_SESSION)
         .filter(|v| !v.is_empty() && v.len() <= 256)
         .map(|v| stable_hash(v.as_bytes()));
     let now = router.health.now_ms();
@@ -361,8 +361,7 @@ fn plan_request(
     }
     ctx.pending = plan.next(&plan_env(router, tables), Advance::NextDeployment);
     ctx.request = Some(request);
-    let first = ctx.pending;
-    let refusal = first.is_none().then(|| {
+    let refusal = ctx.pending.is_none().then(|| {
         let err = ctx.failures.final_error(&plan);
         if err.code == ErrorCode::NoProviderAvailable {
             // Fail fast: tell the caller when the soonest candidate frees up.
@@ -654,15 +653,7 @@ impl ProxyHttp for Gateway {
                         fixed_len,
                     };
                 }
-                let length_kept = matches!(
-                    ctx.rewriter,
-                    ResponseRewriter::Json {
-                        fixed_len: Some(_),
-                        ..
-                    }
-                );
-                if !matches!(ctx.rewriter, ResponseRewriter::Passthrough) && !length_kept {
-                    // The body changes length: re-frame it.
+                if ctx.rewriter.changes_length() {
                     respond::edit_response_parts(upstream_response, |parts| {
                         parts.headers.remove(header::CONTENT_LENGTH);
                         parts.headers.remove(header::CONTENT_ENCODING);

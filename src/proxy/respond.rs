@@ -10,6 +10,7 @@ use pingora_proxy::Session;
 
 use super::ctx::RequestCtx;
 use crate::error::GatewayError;
+use crate::routing::plan::Plan;
 use crate::routing::Tables;
 
 /// Write a complete JSON response. Errors writing (the client went away) are returned so the
@@ -65,7 +66,7 @@ pub fn models_body(tables: &Tables) -> Bytes {
     Bytes::from(serde_json::json!({ "object": "list", "data": data }).to_string())
 }
 
-/// Header names signalbox sets, built once (`HeaderName::from_static` is const): inserting
+/// Header names signalbox sets or reads, built once (`HeaderName::from_static` is const): inserting
 /// through these skips the parse and the allocation a `&str` name costs on every request.
 pub mod names {
     use http::HeaderName;
@@ -75,6 +76,8 @@ pub mod names {
     pub const X_LLM_PROVIDER: HeaderName = HeaderName::from_static("x-llm-provider");
     pub const X_LLM_MODEL: HeaderName = HeaderName::from_static("x-llm-model");
     pub const X_LLM_ROUTE: HeaderName = HeaderName::from_static("x-llm-route");
+    /// Request: the caller's sticky-session id.
+    pub const X_LLM_SESSION: HeaderName = HeaderName::from_static("x-llm-session");
     pub const X_LLM_ROUTING_REASON: HeaderName = HeaderName::from_static("x-llm-routing-reason");
     pub const X_LLM_ATTEMPTS: HeaderName = HeaderName::from_static("x-llm-attempts");
     pub const X_LLM_FALLBACK: HeaderName = HeaderName::from_static("x-llm-fallback");
@@ -138,7 +141,7 @@ pub fn add_routing_headers(
         if let Some(route) = ctx.route {
             let route = tables.route(route);
             headers.insert(names::X_LLM_ROUTE, route.header.clone());
-            if let Some(reason) = routing_reason(ctx, tables, route.strategy.as_str()) {
+            if let Some(reason) = routing_reason(ctx, tables, plan) {
                 headers.insert(names::X_LLM_ROUTING_REASON, reason);
             }
         }
@@ -215,18 +218,10 @@ impl ValueBuf {
 
 /// `strategy=… selected=… priority=… cost_micro=… healthy=… fallbacks=…`: the decision as it
 /// stood before the first attempt.
-fn routing_reason(
-    ctx: &RequestCtx,
-    tables: &Tables,
-    default_strategy: &str,
-) -> Option<HeaderValue> {
+fn routing_reason(ctx: &RequestCtx, tables: &Tables, plan: &Plan) -> Option<HeaderValue> {
     let catalog = &tables.catalog;
     let mut out = ValueBuf::new();
     out.push(b"strategy=");
-    let Some(plan) = &ctx.plan else {
-        out.push(default_strategy.as_bytes());
-        return out.value();
-    };
     out.push(plan.strategy().as_str().as_bytes());
     let first_pos = plan.first_position().unwrap_or(0);
     if let Some(first) = plan.deployment(catalog, first_pos) {

@@ -326,6 +326,20 @@ async fn transient_retries_call_the_same_target_again() {
     assert_eq!(header(&r, "x-llm-provider"), "b");
     assert_eq!((a.calls(), b.calls()), (1, 1));
 
+    // A breaker that ejects on the first failure wins over the retry budget.
+    let a = mock("a").await;
+    let b = mock("b").await;
+    let ejecting = config(&a.base_url(), "", &b).replace(
+        NO_BREAKERS,
+        "health: { failure_threshold: 1, respect_retry_after: false }\n",
+    );
+    let gw = Gateway::start(with_retries(ejecting));
+    a.set_default(status(503));
+    let r = post_chat(&gw, &chat("m")).await;
+    assert_eq!(header(&r, "x-llm-provider"), "b");
+    assert_eq!(header(&r, "x-llm-attempts"), "2");
+    assert_eq!((a.calls(), b.calls()), (1, 1));
+
     // Nothing listening: no point calling again.
     let b = mock("b").await;
     let url = format!("http://127.0.0.1:{}/v1", refused_port());

@@ -627,6 +627,24 @@ def post(port, model, stream=False, size=600, timeout=10):
         c.close()
 
 
+def start_under_test(ctx, system, up_port, upstream, stream=False):
+    """(proc, port, server) for one measured system in front of the upstream on `up_port`:
+    for "direct" the upstream itself (proc None), else a freshly started proxy. Both are
+    sanity-checked; on SystemUnavailable whatever was started is stopped before re-raising."""
+    proc = None
+    try:
+        if system == "direct":
+            port, server = up_port, upstream
+        else:
+            proc, port, _ = start_system(ctx, system, [up_port])
+            server = proc
+        sanity(port, "lt-model", stream)
+    except SystemUnavailable:
+        stop(proc)
+        raise
+    return proc, port, server
+
+
 def sanity(port, model, stream=False):
     """A single request through the system before loading it; raises on anything but 200."""
     try:
@@ -826,17 +844,11 @@ def wrk_matrix(ctx, label, upstream, upstream_ports, script, conns, stream=False
     """Direct and every proxy (plain Pingora included) in front of upstream_ports[0], one wrk
     run each."""
     for system in systems_for(ctx, include_pingora=True):
-        proc = None
         try:
-            if system == "direct":
-                port, server = upstream_ports[0], upstream
-            else:
-                proc, port, _ = start_system(ctx, system, upstream_ports[:1])
-                server = proc
-            sanity(port, "lt-model", stream)
+            proc, port, server = start_under_test(ctx, system, upstream_ports[0], upstream,
+                                                  stream)
         except SystemUnavailable as e:
             add_row(ctx, system, label, failed=str(e))
-            stop(proc)
             continue
         measure_wrk(ctx, system, label, port, server, script, ["lt-model"], conns)
         stop(proc)
@@ -885,18 +897,11 @@ def scenario_b(ctx):
     lt = "b stream: TTFB, %d conns" % sse_conns
     lc = "b stream: per-chunk delay"
     for system in systems_for(ctx):
-        proc = None
         try:
-            if system == "direct":
-                port, server = up_port, up
-            else:
-                proc, port, _ = start_system(ctx, system, [up_port])
-                server = proc
-            sanity(port, "lt-model", stream=True)
+            proc, port, server = start_under_test(ctx, system, up_port, up, stream=True)
         except SystemUnavailable as e:
             for lab in (lw, lt, lc):
                 add_row(ctx, system, lab, failed=str(e))
-            stop(proc)
             continue
         measure_wrk(ctx, system, lw, port, server, "stream.lua", ["lt-model"], 64)
         try:
@@ -1029,12 +1034,7 @@ def scenario_e(ctx):
     for system in ["direct", "nginx", "haproxy", "pingora", "signalbox"]:
         proc = None
         try:
-            if system == "direct":
-                port, server = up_port, up
-            else:
-                proc, port, _ = start_system(ctx, system, [up_port])
-                server = proc
-            sanity(port, "lt-model")
+            proc, port, server = start_under_test(ctx, system, up_port, up)
             run_wrk(ctx, port, "chat-2k.lua", ["lt-model"], 16, ctx.warm)
         except (SystemUnavailable, subprocess.TimeoutExpired) as e:
             for r in rates:
@@ -1121,17 +1121,10 @@ def scenario_f(ctx):
     # The same client straight to the mock first: its TTFB under this connection ramp is the
     # client's own baseline (the client and the mock share the load CPU).
     for system in ("direct", "nginx", "pingora", "signalbox"):
-        proc = None
         try:
-            if system == "direct":
-                port, server = up_port, up
-            else:
-                proc, port, _ = start_system(ctx, system, [up_port])
-                server = proc
-            sanity(port, "lt-model", stream=False)
+            proc, port, server = start_under_test(ctx, system, up_port, up)
         except SystemUnavailable as e:
             add_row(ctx, system, label + ": TTFB", failed=str(e), group="f")
-            stop(proc)
             continue
         pids = server.tree()
         idle = {"rss_kb": status_kb(pids, "VmRSS"),
@@ -1187,16 +1180,9 @@ def scenario_g(ctx):
     # included), to show what a proxy hop costs on this VM at this (low, wake-up dominated) rate.
     for system in ("direct", "nginx", "haproxy", "pingora"):
         try:
-            if system == "direct":
-                port, server = okp, ok
-            else:
-                proc, port, _ = start_system(ctx, system, [okp])
-                server = proc
-            sanity(port, "lt-model")
+            proc, port, server = start_under_test(ctx, system, okp, ok)
         except SystemUnavailable as e:
             add_row(ctx, system, clean, failed=str(e), group="g")
-            stop(proc)
-            proc = None
             continue
         measure_wrk(ctx, system, clean, port, server, "chat-2k.lua", ["lt-model"], 1, group="g")
         stop(proc)

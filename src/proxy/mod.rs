@@ -182,14 +182,14 @@ impl Gateway {
         // Same-target retry: a transient failure, budget left, and the breaker (which has
         // just seen this failure) still admits the target. Never for a half-open probe.
         if let (Some(target), Some(target_ref)) = (failed, failed_ref) {
-            let admitted = matches!(
-                router.health.admission(target_ref, router.health.now_ms()),
-                crate::health::Admission::Healthy { .. }
-            );
-            if !target.probe
+            // Cheapest checks first: with retries off (the default) health is not consulted.
+            if ctx.transient_retries < tables.failover.transient_retries
+                && !target.probe
                 && retry::is_transient(outcome)
-                && ctx.transient_retries < tables.failover.transient_retries
-                && admitted
+                && matches!(
+                    router.health.admission(target_ref, router.health.now_ms()),
+                    crate::health::Admission::Healthy { .. }
+                )
             {
                 ctx.transient_retries += 1;
                 ctx.pending = Some(target);

@@ -16,7 +16,6 @@
 //! - [`metrics`], [`admin`]: Prometheus metrics and the admin listener.
 //! - [`dns`]: background re-resolution of provider hosts.
 //! - [`server`]: assembling the Pingora server from a config.
-//! - [`mock`]: `signalbox-mock`, the misbehaving OpenAI-compatible provider used by tests.
 
 pub mod adapters;
 pub mod admin;
@@ -26,9 +25,6 @@ pub mod dns;
 pub mod error;
 pub mod health;
 pub mod metrics;
-// The mock provider is a test fixture, not on the gateway's request path: it may lock.
-#[allow(clippy::disallowed_types)]
-pub mod mock;
 pub mod proxy;
 pub mod retry;
 pub mod routing;

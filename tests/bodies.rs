@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use signalbox::mock::{Behaviour, MockHandle};
+use signalbox_mock::{Behaviour, MockHandle};
 
 /// Model `m` on a, b, c in that order, all knowing it as `up-m`.
 fn three(a: &MockHandle, b: &MockHandle, c: &MockHandle, extra: &str) -> String {

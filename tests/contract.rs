@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use signalbox::mock::MockHandle;
+use signalbox_mock::MockHandle;
 
 fn config(a: &MockHandle, b: &MockHandle) -> String {
     format!(

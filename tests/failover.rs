@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use signalbox::mock::{Behaviour, MockHandle};
+use signalbox_mock::{Behaviour, MockHandle};
 
 /// Breakers effectively off: these tests look at one request's failover, so what earlier
 /// requests taught the health registry must not change the next plan (the health tests cover

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use signalbox::mock::{Behaviour, MockHandle};
+use signalbox_mock::{Behaviour, MockHandle};
 
 fn two(a: &MockHandle, b: &MockHandle, model_extra: &str, health: &str) -> String {
     two_with(a, b, model_extra, health, 2)

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use futures_util::StreamExt;
-use signalbox::mock::{Behaviour, MockHandle};
+use signalbox_mock::{Behaviour, MockHandle};
 
 fn config(a: &MockHandle, b: &MockHandle) -> String {
     format!(

@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use signalbox::mock::{MockHandle, TlsFiles};
+use signalbox_mock::{MockHandle, TlsFiles};
 
 struct TestPki {
     ca_pem: String,

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use signalbox::mock::{Behaviour, MockConfig, MockHandle, MockServer, StreamShape};
+use signalbox_mock::{Behaviour, MockConfig, MockHandle, MockServer, StreamShape};
 
 /// A free loopback port (bound then released; the gateway binds it right after).
 pub fn free_port() -> u16 {

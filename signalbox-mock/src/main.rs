@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use signalbox::mock::{Behaviour, MockConfig, MockHandle, MockServer, StreamShape, TlsFiles};
+use signalbox_mock::{Behaviour, MockConfig, MockHandle, MockServer, StreamShape, TlsFiles};
 
 #[derive(Parser, Debug)]
 #[command(

@@ -1,20 +1,34 @@
 //! Configuration: load a file, check it, and hand back a [`Config`] or every error found.
 //!
-//! Two layers (River's habit): [`schema`] mirrors the file and is all serde; [`validate`]
-//! turns it into checked values with resolved cross references. A config that fails here
-//! never reaches the rest of the program, so a bad file cannot replace a good one.
+//! Two layers: [`schema`] mirrors the file and is all serde (strict: an unknown key is an
+//! error naming its path); [`validate`] turns it into the checked values of [`types`], with
+//! cross references resolved, collecting every error rather than stopping at the first. A
+//! config that fails here never reaches the rest of the program, so a bad file cannot
+//! replace a good one.
+//!
+//! - this file: [`load`] / [`parse`] and the error types;
+//! - [`schema`]: the file format, serde types that mirror it one to one;
+//! - [`defaults`]: every default value, the only place one is written;
+//! - [`types`]: the checked domain types the rest of signalbox reads;
+//! - [`values`]: parsers of single values (durations, sizes, URLs, addresses) and name rules;
+//! - [`validate`]: the checks, one file per section, and [`validate::validate`].
 
+pub mod defaults;
 pub mod schema;
+pub mod types;
 pub mod validate;
+pub mod values;
 
 use std::fmt;
 use std::path::Path;
 
-pub use validate::{
-    BaseUrl, Capabilities, ChainConfig, Config, CredentialConfig, DegradedPolicy, DeploymentConfig,
-    Failover, HealthPolicy, KeySource, Limits, Listen, ModelConfig, Price, ProviderConfig,
-    ProviderKind, RoutingKnobs, Scheme, Strategy, Weights,
+pub use defaults::PRIORITY as DEFAULT_PRIORITY;
+pub use types::{
+    AliasConfig, BaseUrl, Capabilities, ChainConfig, Config, CredentialConfig, DegradedPolicy,
+    DeploymentConfig, Failover, HealthPolicy, KeySource, Limits, Listen, ModelConfig, Price,
+    ProviderConfig, ProviderKind, RoutingKnobs, Scheme, Strategy, Weights,
 };
+pub use values::{is_upstream_model_name, parse_base_url, parse_size_text, AXIS_NAMES};
 
 /// One problem in a config file, with the key path it concerns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,11 +203,98 @@ active_chain: other
     }
 
     #[test]
+    fn chains_resolve_aliases_and_refuse_repeats() {
+        let ok = parse(&format!(
+            "{MINIMAL}aliases: {{ f: m }}\nchains: {{ c: [f] }}\nactive_chain: C\n"
+        ))
+        .expect("valid");
+        assert_eq!(ok.chains[0].models, vec![0]);
+        assert_eq!(ok.active_chain, Some(0));
+        let e = errors(&format!(
+            "{MINIMAL}aliases: {{ f: m, g: f }}\nchains: {{ c: [m, f] }}\n"
+        ));
+        assert!(e.iter().any(|l| l.starts_with("aliases.g:")), "{e:?}");
+        assert!(e.iter().any(|l| l.starts_with("chains.c[1]:")), "{e:?}");
+    }
+
+    #[test]
     fn chain_named_like_an_axis_is_refused() {
         let text = format!("{MINIMAL}chains: {{ fastest: [m] }}\n");
         assert!(errors(&text)
             .iter()
             .any(|l| l.starts_with("chains.fastest:")));
+    }
+
+    #[test]
+    fn file_defaults_are_the_checked_defaults() {
+        let c = parse(MINIMAL).expect("valid");
+        assert_eq!(
+            format!("{:?}", c.health),
+            format!("{:?}", HealthPolicy::default())
+        );
+        assert_eq!(
+            format!("{:?}", c.routing),
+            format!("{:?}", RoutingKnobs::default())
+        );
+        assert_eq!(c.models[0].strategy, defaults::STRATEGY);
+        assert_eq!(c.models[0].failure_threshold, defaults::FAILURE_THRESHOLD);
+    }
+
+    #[test]
+    fn failure_threshold_zero_is_accepted_globally() {
+        let c = parse(&format!("{MINIMAL}health: {{ failure_threshold: 0 }}\n")).expect("valid");
+        assert_eq!(c.health.failure_threshold, 0);
+        // A model without its own threshold follows the global one.
+        assert_eq!(c.models[0].failure_threshold, 0);
+    }
+
+    #[test]
+    fn failure_threshold_is_resolved_per_model() {
+        let text = r#"
+providers:
+  a: { kind: openai, base_url: "http://127.0.0.1:9001/v1" }
+models:
+  off: { failure_threshold: 0, deployments: [{ provider: a, model: x }] }
+  own: { failure_threshold: 7, deployments: [{ provider: a, model: y }] }
+  inherits: { deployments: [{ provider: a, model: z }] }
+health: { failure_threshold: 5 }
+"#;
+        let c = parse(text).expect("valid");
+        let threshold = |name: &str| {
+            c.models
+                .iter()
+                .find(|m| m.name == name)
+                .map(|m| m.failure_threshold)
+        };
+        assert_eq!(threshold("off"), Some(0));
+        assert_eq!(threshold("own"), Some(7));
+        assert_eq!(threshold("inherits"), Some(5));
+        assert_eq!(c.health.failure_threshold, 5);
+    }
+
+    #[test]
+    fn bench_after_zero_is_accepted_and_the_ceiling_kept() {
+        let c = parse(&format!("{MINIMAL}health: {{ bench_after: 0 }}\n")).expect("valid");
+        assert_eq!(c.health.bench_after, 0);
+        let e = errors(&format!("{MINIMAL}health: {{ bench_after: 65 }}\n"));
+        assert!(
+            e.iter().any(|l| l.starts_with("health.bench_after:")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn unknown_key_under_a_model_is_named_with_its_path() {
+        let text = MINIMAL.replace(
+            "m: { deployments:",
+            "m: { failure_treshold: 0, deployments:",
+        );
+        let e = errors(&text);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("models.m.failure_treshold: unknown field `failure_treshold`"),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -3,12 +3,15 @@
 //! Nothing outside `config` reads these types. They are strict (`deny_unknown_fields`
 //! everywhere) so a misspelt key is refused with its path instead of silently ignored, and
 //! they hold raw values (strings for durations and sizes, names as written): turning them
-//! into checked domain values is `validate.rs`'s job. Defaults are named functions so the
-//! commented example in `conf/signalbox.yaml` can quote them.
+//! into checked domain values is [`validate`](super::validate)'s job. A key left out takes
+//! its value from [`defaults`] through the small `default_*` functions at
+//! the end of this file, which only convert a default to its raw form.
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
+
+use super::defaults;
 
 /// The whole config file.
 #[derive(Debug, Deserialize)]
@@ -54,14 +57,6 @@ impl Default for ListenSection {
     }
 }
 
-pub fn default_proxy_listen() -> String {
-    "0.0.0.0:8080".to_string()
-}
-
-pub fn default_admin_listen() -> String {
-    "127.0.0.1:9090".to_string()
-}
-
 #[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ProviderKindSection {
@@ -87,7 +82,7 @@ pub struct ProviderSection {
     pub connect_timeout: Option<String>,
     #[serde(default)]
     pub ttfb_timeout: Option<String>,
-    #[serde(default = "default_true")]
+    #[serde(default = "default_provider_enabled")]
     pub enabled: bool,
 }
 
@@ -122,19 +117,17 @@ pub struct ModelSection {
     #[serde(default = "default_capabilities")]
     pub capabilities: Vec<CapabilitySection>,
     pub deployments: Vec<DeploymentSection>,
-    #[serde(default = "default_true")]
+    #[serde(default = "default_model_enabled")]
     pub enabled: bool,
-    /// How this model's deployments are ordered (default `priority_cheapest`).
+    /// How this model's deployments are ordered (absent: `defaults::STRATEGY`).
     #[serde(default)]
     pub strategy: Option<String>,
-}
-
-pub fn default_capability() -> u8 {
-    1
-}
-
-pub fn default_capabilities() -> Vec<CapabilitySection> {
-    vec![CapabilitySection::Stream]
+    /// Consecutive failures that eject one of this model's targets (absent:
+    /// `health.failure_threshold`). `0` switches this model's breaker off: its targets are
+    /// never ejected or benched for failures, so a failing target is called on every request
+    /// (credential cooldowns after 401/403/429 still apply).
+    #[serde(default)]
+    pub failure_threshold: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -173,8 +166,8 @@ pub struct FailoverSection {
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout: String,
     /// Extra calls to the same target after a transient failure (reset or closed before the
-    /// header, connect timeout, 5xx/529/408) before moving on; each is an attempt (default 0).
-    #[serde(default)]
+    /// header, connect timeout, 5xx/529/408) before moving on; each is an attempt.
+    #[serde(default = "default_transient_retries")]
     pub transient_retries: u32,
 }
 
@@ -185,22 +178,9 @@ impl Default for FailoverSection {
             deadline: default_deadline(),
             ttfb_timeout: default_ttfb_timeout(),
             connect_timeout: default_connect_timeout(),
-            transient_retries: 0,
+            transient_retries: default_transient_retries(),
         }
     }
-}
-
-pub fn default_max_attempts() -> u32 {
-    20
-}
-pub fn default_deadline() -> String {
-    "45s".to_string()
-}
-pub fn default_ttfb_timeout() -> String {
-    "30s".to_string()
-}
-pub fn default_connect_timeout() -> String {
-    "5s".to_string()
 }
 
 #[derive(Debug, Deserialize)]
@@ -221,13 +201,6 @@ impl Default for LimitsSection {
     }
 }
 
-pub fn default_max_request_body() -> SizeValue {
-    SizeValue::Text("16MiB".to_string())
-}
-pub fn default_max_request_headers() -> SizeValue {
-    SizeValue::Text("64KiB".to_string())
-}
-
 /// A size written either as a number of bytes or as text such as `16MiB`.
 #[derive(Debug, Deserialize, Clone)]
 #[serde(untagged)]
@@ -240,6 +213,8 @@ pub enum SizeValue {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthSection {
+    /// Consecutive failures that eject a target; `0` switches the breaker off (targets are
+    /// never ejected or benched for failures; credential cooldowns still apply).
     #[serde(default = "default_failure_threshold")]
     pub failure_threshold: u32,
     #[serde(default = "default_cooldown")]
@@ -248,12 +223,13 @@ pub struct HealthSection {
     pub max_ejection: String,
     #[serde(default = "default_restore_health")]
     pub restore_health: f64,
-    #[serde(default)]
+    #[serde(default = "default_health_threshold")]
     pub health_threshold: f64,
-    #[serde(default = "default_true")]
+    #[serde(default = "default_respect_retry_after")]
     pub respect_retry_after: bool,
     #[serde(default = "default_probe_interval")]
     pub probe_interval: String,
+    /// Model-scoped failures inside `bench_window` that bench a deployment; `0` = off.
     #[serde(default = "default_bench_after")]
     pub bench_after: u32,
     #[serde(default = "default_bench_window")]
@@ -273,8 +249,8 @@ impl Default for HealthSection {
             cooldown: default_cooldown(),
             max_ejection: default_max_ejection(),
             restore_health: default_restore_health(),
-            health_threshold: 0.0,
-            respect_retry_after: true,
+            health_threshold: default_health_threshold(),
+            respect_retry_after: default_respect_retry_after(),
             probe_interval: default_probe_interval(),
             bench_after: default_bench_after(),
             bench_window: default_bench_window(),
@@ -283,34 +259,6 @@ impl Default for HealthSection {
             degraded: DegradedSection::default(),
         }
     }
-}
-
-pub fn default_failure_threshold() -> u32 {
-    3
-}
-pub fn default_cooldown() -> String {
-    "30s".to_string()
-}
-pub fn default_max_ejection() -> String {
-    "5m".to_string()
-}
-pub fn default_restore_health() -> f64 {
-    0.5
-}
-pub fn default_probe_interval() -> String {
-    "15s".to_string()
-}
-pub fn default_bench_after() -> u32 {
-    3
-}
-pub fn default_bench_window() -> String {
-    "15m".to_string()
-}
-pub fn default_bench_for() -> String {
-    "10m".to_string()
-}
-pub fn default_success_window() -> String {
-    "60s".to_string()
 }
 
 #[derive(Debug, Deserialize)]
@@ -335,19 +283,6 @@ impl Default for DegradedSection {
             exit_grace: default_exit_grace(),
         }
     }
-}
-
-pub fn default_healthy_ratio() -> f64 {
-    0.5
-}
-pub fn default_min_providers() -> u32 {
-    3
-}
-pub fn default_entry_grace() -> String {
-    "60s".to_string()
-}
-pub fn default_exit_grace() -> String {
-    "120s".to_string()
 }
 
 /// Knobs of the ranking strategies.
@@ -377,16 +312,6 @@ impl Default for RoutingSection {
             custom_weights: None,
         }
     }
-}
-
-pub fn default_rank_interval() -> String {
-    "250ms".to_string()
-}
-pub fn default_session_ttl() -> String {
-    "10m".to_string()
-}
-pub fn default_prefix_bytes() -> usize {
-    1024
 }
 
 #[derive(Debug, Deserialize, Clone, Copy)]
@@ -430,6 +355,104 @@ pub struct PingoraSection {
     pub ca_file: Option<String>,
 }
 
-fn default_true() -> bool {
-    true
+// === serde defaults: each hands one value of `defaults` over in the file's raw form ===
+
+pub fn default_proxy_listen() -> String {
+    defaults::PROXY_LISTEN.to_string()
+}
+pub fn default_admin_listen() -> String {
+    defaults::ADMIN_LISTEN.to_string()
+}
+
+pub fn default_provider_enabled() -> bool {
+    defaults::PROVIDER_ENABLED
+}
+
+pub fn default_capability() -> u8 {
+    defaults::CAPABILITY
+}
+pub fn default_capabilities() -> Vec<CapabilitySection> {
+    defaults::CAPABILITIES.to_vec()
+}
+pub fn default_model_enabled() -> bool {
+    defaults::MODEL_ENABLED
+}
+
+pub fn default_max_attempts() -> u32 {
+    defaults::MAX_ATTEMPTS
+}
+pub fn default_deadline() -> String {
+    defaults::duration_text(defaults::DEADLINE)
+}
+pub fn default_ttfb_timeout() -> String {
+    defaults::duration_text(defaults::TTFB_TIMEOUT)
+}
+pub fn default_connect_timeout() -> String {
+    defaults::duration_text(defaults::CONNECT_TIMEOUT)
+}
+pub fn default_transient_retries() -> u32 {
+    defaults::TRANSIENT_RETRIES
+}
+
+pub fn default_max_request_body() -> SizeValue {
+    SizeValue::Bytes(defaults::MAX_REQUEST_BODY)
+}
+pub fn default_max_request_headers() -> SizeValue {
+    SizeValue::Bytes(defaults::MAX_REQUEST_HEADERS)
+}
+
+pub fn default_failure_threshold() -> u32 {
+    defaults::FAILURE_THRESHOLD
+}
+pub fn default_cooldown() -> String {
+    defaults::duration_text(defaults::COOLDOWN)
+}
+pub fn default_max_ejection() -> String {
+    defaults::duration_text(defaults::MAX_EJECTION)
+}
+pub fn default_restore_health() -> f64 {
+    defaults::RESTORE_HEALTH
+}
+pub fn default_health_threshold() -> f64 {
+    defaults::HEALTH_THRESHOLD
+}
+pub fn default_respect_retry_after() -> bool {
+    defaults::RESPECT_RETRY_AFTER
+}
+pub fn default_probe_interval() -> String {
+    defaults::duration_text(defaults::PROBE_INTERVAL)
+}
+pub fn default_bench_after() -> u32 {
+    defaults::BENCH_AFTER
+}
+pub fn default_bench_window() -> String {
+    defaults::duration_text(defaults::BENCH_WINDOW)
+}
+pub fn default_bench_for() -> String {
+    defaults::duration_text(defaults::BENCH_FOR)
+}
+pub fn default_success_window() -> String {
+    defaults::duration_text(defaults::SUCCESS_WINDOW)
+}
+pub fn default_healthy_ratio() -> f64 {
+    defaults::HEALTHY_RATIO
+}
+pub fn default_min_providers() -> u32 {
+    defaults::MIN_PROVIDERS
+}
+pub fn default_entry_grace() -> String {
+    defaults::duration_text(defaults::ENTRY_GRACE)
+}
+pub fn default_exit_grace() -> String {
+    defaults::duration_text(defaults::EXIT_GRACE)
+}
+
+pub fn default_rank_interval() -> String {
+    defaults::duration_text(defaults::RANK_INTERVAL)
+}
+pub fn default_session_ttl() -> String {
+    defaults::duration_text(defaults::SESSION_TTL)
+}
+pub fn default_prefix_bytes() -> usize {
+    defaults::PREFIX_BYTES
 }

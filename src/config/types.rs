@@ -1,0 +1,383 @@
+//! The checked configuration: the values the rest of signalbox reads.
+//!
+//! Everything here has passed validation: names are resolved into indices (`provider`,
+//! `model`) that point into [`Config`]'s vectors, durations and sizes are numbers, optional
+//! keys are resolved to their effective value unless `None` itself means something (and then
+//! the field says what). Nothing here is serde; the file format lives in
+//! [`schema`](super::schema) and the checks that build these values in
+//! [`validate`](super::validate). Default values come from [`defaults`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::defaults;
+use super::schema::PingoraSection;
+
+/// A validated configuration. Indices (`provider`, `model`) point into the vectors here.
+#[derive(Debug)]
+pub struct Config {
+    pub listen: Listen,
+    pub providers: Vec<ProviderConfig>,
+    pub models: Vec<ModelConfig>,
+    pub aliases: Vec<AliasConfig>,
+    pub chains: Vec<ChainConfig>,
+    pub active_chain: Option<usize>,
+    pub failover: Failover,
+    pub limits: Limits,
+    pub health: HealthPolicy,
+    pub routing: RoutingKnobs,
+    pub pingora: PingoraSection,
+}
+
+/// How candidates are ordered: a model's deployments (`models.<name>.strategy`, written as
+/// [`Strategy::as_str`] or one of the aliases [`Strategy::parse`] accepts), or a chain's models
+/// in their configured order ([`Strategy::Chain`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// A chain's configured order.
+    Chain,
+    Priority,
+    PriorityCheapest,
+    Cheapest,
+    Fastest,
+    /// `highest_availability` / `reliable`.
+    Reliable,
+    Balanced,
+    Smartest,
+    Custom,
+    RoundRobin,
+    Random,
+    LeastInflight,
+    P2cEwma,
+    /// `weighted` / `canary`.
+    Weighted,
+    PrefixAffinity,
+}
+
+impl Strategy {
+    pub const ALL: [Strategy; 15] = [
+        Strategy::Chain,
+        Strategy::Priority,
+        Strategy::PriorityCheapest,
+        Strategy::Cheapest,
+        Strategy::Fastest,
+        Strategy::Reliable,
+        Strategy::Balanced,
+        Strategy::Smartest,
+        Strategy::Custom,
+        Strategy::RoundRobin,
+        Strategy::Random,
+        Strategy::LeastInflight,
+        Strategy::P2cEwma,
+        Strategy::Weighted,
+        Strategy::PrefixAffinity,
+    ];
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "chain" => Strategy::Chain,
+            "priority" => Strategy::Priority,
+            "priority_cheapest" => Strategy::PriorityCheapest,
+            "cheapest" => Strategy::Cheapest,
+            "fastest" | "latency" => Strategy::Fastest,
+            "highest_availability" | "reliable" => Strategy::Reliable,
+            "balanced" => Strategy::Balanced,
+            "smartest" => Strategy::Smartest,
+            "custom" => Strategy::Custom,
+            "round_robin" => Strategy::RoundRobin,
+            "random" => Strategy::Random,
+            "least_inflight" => Strategy::LeastInflight,
+            "p2c_ewma" => Strategy::P2cEwma,
+            "weighted" | "canary" => Strategy::Weighted,
+            "prefix_affinity" => Strategy::PrefixAffinity,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Chain => "chain",
+            Strategy::Priority => "priority",
+            Strategy::PriorityCheapest => "priority_cheapest",
+            Strategy::Cheapest => "cheapest",
+            Strategy::Fastest => "fastest",
+            Strategy::Reliable => "reliable",
+            Strategy::Balanced => "balanced",
+            Strategy::Smartest => "smartest",
+            Strategy::Custom => "custom",
+            Strategy::RoundRobin => "round_robin",
+            Strategy::Random => "random",
+            Strategy::LeastInflight => "least_inflight",
+            Strategy::P2cEwma => "p2c_ewma",
+            Strategy::Weighted => "weighted",
+            Strategy::PrefixAffinity => "prefix_affinity",
+        }
+    }
+
+    /// Strategies that pick the first candidate per request among equivalent ones.
+    pub fn is_load_balancing(self) -> bool {
+        matches!(
+            self,
+            Strategy::RoundRobin
+                | Strategy::Random
+                | Strategy::LeastInflight
+                | Strategy::P2cEwma
+                | Strategy::Weighted
+                | Strategy::PrefixAffinity
+        )
+    }
+}
+
+/// Blend weights of the scored strategies (`w_r·reliability + w_s·speed + w_c·capability`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Weights {
+    pub reliability: f64,
+    pub speed: f64,
+    pub capability: f64,
+}
+
+impl Weights {
+    pub const BALANCED: Weights = Weights {
+        reliability: 0.5,
+        speed: 0.25,
+        capability: 0.25,
+    };
+    pub const SMARTEST: Weights = Weights {
+        reliability: 0.2,
+        speed: 0.1,
+        capability: 0.7,
+    };
+}
+
+/// Breakers, cooldowns, benching, probes and degraded mode (the `health` section).
+///
+/// A target is one deployment on one credential. Failures that count against a target are
+/// connect errors, timeouts, resets, 5xx/529/408 and empty streams; 401/402/403 take the
+/// credential out and 429 cools it, whatever the breaker settings.
+#[derive(Debug, Clone, Copy)]
+pub struct HealthPolicy {
+    /// Consecutive failures that eject a target. `0` switches the breaker off: targets are
+    /// never ejected or benched for failures, so a failing target is called on every request
+    /// (credential cooldowns after 401/403/429 still apply). A model's own
+    /// [`ModelConfig::failure_threshold`] overrides this for that model's targets.
+    pub failure_threshold: u32,
+    pub cooldown: Duration,
+    /// `None` = uncapped.
+    pub max_ejection: Option<Duration>,
+    pub restore_health: f64,
+    /// Success-rate floor; `0` = off.
+    pub health_threshold: f64,
+    pub respect_retry_after: bool,
+    pub probe_interval: Duration,
+    /// Model-scoped failures (any credential) inside `bench_window` that bench a deployment
+    /// on every credential for `bench_for`. `0` switches benching off. At most 64.
+    pub bench_after: u32,
+    pub bench_window: Duration,
+    pub bench_for: Duration,
+    pub success_window: Duration,
+    pub degraded: DegradedPolicy,
+}
+
+/// Degraded mode: when too few providers have a usable target, stop exploring and follow the
+/// scored order.
+#[derive(Debug, Clone, Copy)]
+pub struct DegradedPolicy {
+    pub healthy_ratio: f64,
+    pub min_providers: u32,
+    pub entry_grace: Duration,
+    pub exit_grace: Duration,
+}
+
+impl Default for HealthPolicy {
+    fn default() -> Self {
+        Self {
+            failure_threshold: defaults::FAILURE_THRESHOLD,
+            cooldown: defaults::COOLDOWN,
+            max_ejection: Some(defaults::MAX_EJECTION),
+            restore_health: defaults::RESTORE_HEALTH,
+            health_threshold: defaults::HEALTH_THRESHOLD,
+            respect_retry_after: defaults::RESPECT_RETRY_AFTER,
+            probe_interval: defaults::PROBE_INTERVAL,
+            bench_after: defaults::BENCH_AFTER,
+            bench_window: defaults::BENCH_WINDOW,
+            bench_for: defaults::BENCH_FOR,
+            success_window: defaults::SUCCESS_WINDOW,
+            degraded: DegradedPolicy::default(),
+        }
+    }
+}
+
+impl Default for DegradedPolicy {
+    fn default() -> Self {
+        Self {
+            healthy_ratio: defaults::HEALTHY_RATIO,
+            min_providers: defaults::MIN_PROVIDERS,
+            entry_grace: defaults::ENTRY_GRACE,
+            exit_grace: defaults::EXIT_GRACE,
+        }
+    }
+}
+
+/// Knobs of the ranking strategies (the `routing` section).
+#[derive(Debug, Clone, Copy)]
+pub struct RoutingKnobs {
+    pub rank_interval: Duration,
+    pub session_ttl: Duration,
+    pub prefix_bytes: usize,
+    pub custom_weights: Weights,
+}
+
+impl Default for RoutingKnobs {
+    fn default() -> Self {
+        Self {
+            rank_interval: defaults::RANK_INTERVAL,
+            session_ttl: defaults::SESSION_TTL,
+            prefix_bytes: defaults::PREFIX_BYTES,
+            custom_weights: defaults::CUSTOM_WEIGHTS,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Listen {
+    pub proxy: String,
+    pub admin: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderKind {
+    OpenAi,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+/// A provider's base URL, split into what a connection and a request need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BaseUrl {
+    pub scheme: Scheme,
+    pub host: String,
+    pub port: u16,
+    /// Path prefix without a trailing slash (`/v1`, or empty).
+    pub path: String,
+}
+
+impl BaseUrl {
+    /// `Host` header value: the port only when it is not the scheme's default.
+    pub fn authority(&self) -> String {
+        let default_port = match self.scheme {
+            Scheme::Http => 80,
+            Scheme::Https => 443,
+        };
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        if self.port == default_port {
+            host
+        } else {
+            format!("{host}:{}", self.port)
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum KeySource {
+    /// A keyless endpoint (local servers): no `Authorization` header is sent.
+    None,
+    Env(String),
+    File(PathBuf),
+}
+
+#[derive(Debug, Clone)]
+pub struct CredentialConfig {
+    pub id: String,
+    pub source: KeySource,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProviderConfig {
+    pub id: String,
+    pub kind: ProviderKind,
+    pub base_url: BaseUrl,
+    pub credentials: Vec<CredentialConfig>,
+    pub priority: i32,
+    pub ca_file: Option<PathBuf>,
+    pub connect_timeout: Duration,
+    pub ttfb_timeout: Duration,
+    pub enabled: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    pub stream: bool,
+    pub tools: bool,
+    pub vision: bool,
+    pub json_mode: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Price {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct DeploymentConfig {
+    pub provider: usize,
+    pub upstream_model: String,
+    pub price: Option<Price>,
+    pub priority: i32,
+    /// Normalised by the `weighted` strategy; `None` = only in the failure order.
+    pub weight: Option<f64>,
+    pub rpm: Option<u32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub name: String,
+    pub capability: u8,
+    pub context_window: Option<u32>,
+    pub capabilities: Capabilities,
+    pub deployments: Vec<DeploymentConfig>,
+    pub enabled: bool,
+    pub strategy: Strategy,
+    /// This model's breaker threshold, resolved: its own `failure_threshold` key, or else
+    /// `health.failure_threshold`. `0` = this model's breaker is off: its targets are never
+    /// ejected or benched for failures, so a failing target is called on every request
+    /// (credential cooldowns after 401/403/429 still apply).
+    pub failure_threshold: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct AliasConfig {
+    pub name: String,
+    pub model: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct ChainConfig {
+    pub name: String,
+    pub models: Vec<usize>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Failover {
+    pub max_attempts: u32,
+    /// `None` when the deadline is disabled (`0`).
+    pub deadline: Option<Duration>,
+    pub ttfb_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Same-target retries after a transient failure (0 = off).
+    pub transient_retries: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_request_body: usize,
+    pub max_request_headers: usize,
+}

@@ -1,0 +1,60 @@
+//! The bounds on one request: `failover` (attempts, deadline, timeouts, same-target retries)
+//! and `limits` (request body and header sizes).
+
+use crate::config::schema::{FailoverSection, LimitsSection};
+use crate::config::types::{Failover, Limits};
+use crate::config::values::{parse_duration, parse_size, positive_duration};
+use crate::config::ConfigError;
+
+/// The largest `failover.transient_retries` accepted: more only hammers a failing target.
+const TRANSIENT_RETRIES_CEILING: u32 = 5;
+/// The largest `failover.max_attempts` accepted: far beyond any useful plan.
+const MAX_ATTEMPTS_CEILING: u32 = 100;
+/// The largest `limits.max_request_body` accepted: bodies are held in memory per request.
+const BODY_CEILING: u64 = 1 << 30;
+/// The smallest `limits.max_request_headers` accepted.
+const HEADERS_FLOOR: u64 = 1024;
+
+pub(super) fn validate_failover(f: &FailoverSection, errs: &mut Vec<ConfigError>) -> Failover {
+    if f.max_attempts == 0 || f.max_attempts > MAX_ATTEMPTS_CEILING {
+        errs.push(ConfigError::new(
+            "failover.max_attempts",
+            format!("must be between 1 and {MAX_ATTEMPTS_CEILING}"),
+        ));
+    }
+    if f.transient_retries > TRANSIENT_RETRIES_CEILING {
+        errs.push(ConfigError::new(
+            "failover.transient_retries",
+            format!("must be between 0 and {TRANSIENT_RETRIES_CEILING}"),
+        ));
+    }
+    let deadline = parse_duration(&f.deadline, "failover.deadline", errs);
+    Failover {
+        transient_retries: f.transient_retries.min(TRANSIENT_RETRIES_CEILING),
+        max_attempts: f.max_attempts.clamp(1, MAX_ATTEMPTS_CEILING),
+        deadline: deadline.filter(|d| !d.is_zero()),
+        ttfb_timeout: positive_duration(&f.ttfb_timeout, "failover.ttfb_timeout", errs),
+        connect_timeout: positive_duration(&f.connect_timeout, "failover.connect_timeout", errs),
+    }
+}
+
+pub(super) fn validate_limits(l: &LimitsSection, errs: &mut Vec<ConfigError>) -> Limits {
+    let body = parse_size(&l.max_request_body, "limits.max_request_body", errs);
+    let headers = parse_size(&l.max_request_headers, "limits.max_request_headers", errs);
+    if body == 0 || body > BODY_CEILING {
+        errs.push(ConfigError::new(
+            "limits.max_request_body",
+            "must be between 1 byte and 1GiB",
+        ));
+    }
+    if headers < HEADERS_FLOOR {
+        errs.push(ConfigError::new(
+            "limits.max_request_headers",
+            "must be at least 1KiB",
+        ));
+    }
+    Limits {
+        max_request_body: usize::try_from(body.min(BODY_CEILING)).unwrap_or(usize::MAX),
+        max_request_headers: usize::try_from(headers).unwrap_or(usize::MAX),
+    }
+}

@@ -1,0 +1,82 @@
+//! From the file format ([`schema`](super::schema)) to checked values ([`Config`]).
+//!
+//! [`validate`] runs every section's check and never stops at the first problem: each error
+//! is collected with the key path it concerns (`models.gpt-4o.deployments[1].provider`) so
+//! `signalbox -t` can list them all, and a config with any error is refused as a whole.
+//! Cross references (a deployment's provider, an alias's model, a chain's entries) are
+//! resolved here into indices, so later layers never look a name up twice. Secrets are not
+//! read here: a config names where a key lives, `catalog` reads it.
+//!
+//! One file per part of the config file:
+//! - `providers.rs`: `providers.*` and their `credentials`;
+//! - `models.rs`: `models.*` and their `deployments`;
+//! - `names.rs`: the model/alias namespace, `aliases`, `chains` and `active_chain`;
+//! - `failover.rs`: `failover` and `limits`, the bounds on one request;
+//! - `health.rs`: `health`, breakers, benching, probes and degraded mode;
+//! - `routing.rs`: `routing`, the ranking knobs;
+//! - `server.rs`: `listen` and `pingora`, the server process.
+
+mod failover;
+mod health;
+mod models;
+mod names;
+mod providers;
+mod routing;
+mod server;
+
+use super::schema::ConfigFile;
+use super::{ConfigError, ConfigErrors};
+
+// Names that lived in this module before it was split, kept reachable at their old paths
+// (`config::validate::DEFAULT_PRIORITY`, `config::validate::parse_base_url`, ...).
+pub use super::defaults::PRIORITY as DEFAULT_PRIORITY;
+pub use super::types::{
+    AliasConfig, BaseUrl, Capabilities, ChainConfig, Config, CredentialConfig, DegradedPolicy,
+    DeploymentConfig, Failover, HealthPolicy, KeySource, Limits, Listen, ModelConfig, Price,
+    ProviderConfig, ProviderKind, RoutingKnobs, Scheme, Strategy, Weights,
+};
+pub use super::values::{is_upstream_model_name, parse_base_url, parse_size_text, AXIS_NAMES};
+
+/// Turn a parsed file into a checked `Config`, or every error found.
+pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
+    let mut errs: Vec<ConfigError> = Vec::new();
+
+    let listen = server::validate_listen(&file.listen, &mut errs);
+    let failover = failover::validate_failover(&file.failover, &mut errs);
+    let limits = failover::validate_limits(&file.limits, &mut errs);
+    let providers = providers::validate_providers(&file.providers, &failover, &mut errs);
+
+    let mut names = names::Namespace::default();
+    let models = models::validate_models(
+        &file.models,
+        &providers,
+        file.health.failure_threshold,
+        &mut names,
+        &mut errs,
+    );
+    let aliases = names::validate_aliases(&file.aliases, &mut names, &mut errs);
+    let chains = names::validate_chains(&file.chains, &names, &mut errs);
+    let active_chain =
+        names::validate_active_chain(file.active_chain.as_deref(), &chains, &mut errs);
+
+    server::validate_pingora(&file.pingora, &mut errs);
+    let health = health::validate_health(&file.health, &mut errs);
+    let routing = routing::validate_routing(&file.routing, &mut errs);
+
+    if !errs.is_empty() {
+        return Err(ConfigErrors(errs));
+    }
+    Ok(Config {
+        listen,
+        providers: providers.list,
+        models,
+        aliases,
+        chains,
+        active_chain,
+        failover,
+        limits,
+        health,
+        routing,
+        pingora: file.pingora,
+    })
+}

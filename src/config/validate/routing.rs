@@ -1,0 +1,53 @@
+//! `routing`: the knobs of the ranking strategies (how often scored tables are rebuilt,
+//! sticky sessions, prefix affinity, the `custom` blend).
+
+use std::time::Duration;
+
+use crate::config::schema::RoutingSection;
+use crate::config::types::{RoutingKnobs, Weights};
+use crate::config::values::positive_duration;
+use crate::config::{defaults, ConfigError};
+
+/// The largest `routing.rank_interval` accepted.
+const RANK_INTERVAL_CEILING: Duration = Duration::from_secs(10);
+
+pub(super) fn validate_routing(r: &RoutingSection, errs: &mut Vec<ConfigError>) -> RoutingKnobs {
+    let rank_interval = positive_duration(&r.rank_interval, "routing.rank_interval", errs);
+    if rank_interval > RANK_INTERVAL_CEILING {
+        errs.push(ConfigError::new(
+            "routing.rank_interval",
+            "at most 10s: the scored tables must follow health closely",
+        ));
+    }
+    if r.prefix_bytes == 0 {
+        errs.push(ConfigError::new("routing.prefix_bytes", "must be positive"));
+    }
+    let custom_weights = match r.custom_weights {
+        None => defaults::CUSTOM_WEIGHTS,
+        Some(w) => {
+            let parts = [w.reliability, w.speed, w.capability];
+            if parts.iter().any(|v| !v.is_finite() || *v < 0.0) || parts.iter().sum::<f64>() <= 0.0
+            {
+                errs.push(ConfigError::new(
+                    "routing.custom_weights",
+                    "weights must be finite, not negative, and not all zero",
+                ));
+                defaults::CUSTOM_WEIGHTS
+            } else {
+                // Normalised to sum to one.
+                let sum: f64 = parts.iter().sum();
+                Weights {
+                    reliability: w.reliability / sum,
+                    speed: w.speed / sum,
+                    capability: w.capability / sum,
+                }
+            }
+        }
+    };
+    RoutingKnobs {
+        rank_interval,
+        session_ttl: positive_duration(&r.session_ttl, "routing.session_ttl", errs),
+        prefix_bytes: r.prefix_bytes.max(1),
+        custom_weights,
+    }
+}

@@ -1,6 +1,7 @@
 //! Plan building and first-target selection for 10, 100 and 1,000 deployments, beside a naive
-//! `Mutex<HashMap>` gateway doing the same decision; the ranker pass; and readers selecting
-//! while a writer swaps snapshots (ArcSwap vs a mutex-guarded snapshot).
+//! `Mutex<HashMap>` gateway doing the same decision; each lead pick on its own over a tier of
+//! 2, 8 and 32 members; the ranker pass; and readers selecting while a writer swaps snapshots
+//! (ArcSwap vs a mutex-guarded snapshot).
 //!
 //! Run: `cargo bench --bench selection`. Compare each signalbox figure with its baseline from
 //! the same run: absolute numbers drift on shared machines.
@@ -20,13 +21,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use signalbox::catalog::Catalog;
-use signalbox::config::KeySource;
-use signalbox::health::clock::SystemClock;
-use signalbox::health::HealthRegistry;
-use signalbox::metrics::Metrics;
-use signalbox::routing::plan::{Advance, Plan, PlanEnv, RequestFacts};
-use signalbox::routing::{resolve, Resolution, Router, Tables};
+use signalbox::retry::Advance;
+use signalbox::routing::lead::{self, splitmix64};
+use signalbox::routing::plan::{Plan, PlanEnv, RequestFacts};
+use signalbox::routing::{resolve, Resolution, Router};
+use signalbox::testing::Fixture;
 
 const SIZES: [usize; 3] = [10, 100, 1000];
 
@@ -59,19 +58,7 @@ fn config_text(n: usize, strategy: &str) -> String {
 }
 
 fn router(n: usize, strategy: &str) -> Arc<Router> {
-    let config = signalbox::config::parse(&config_text(n, strategy)).expect("valid config");
-    let resolve_addr = |_: &str, p: u16| vec![std::net::SocketAddr::from(([127, 0, 0, 1], p))];
-    let read = |_: &KeySource| Ok(None);
-    let (catalog, _) = Catalog::build(&config, &resolve_addr, &read).expect("catalog");
-    let catalog = Arc::new(catalog);
-    let health = Arc::new(HealthRegistry::new(
-        &catalog,
-        config.health,
-        Arc::new(SystemClock::new()),
-    ));
-    let metrics = Metrics::new().expect("metrics");
-    let tables = Tables::build(&config, catalog, &metrics, 1);
-    Arc::new(Router::new(tables, health))
+    Arc::new(Fixture::new(&config_text(n, strategy)).router())
 }
 
 /// The request path's decision: snapshot load, name resolution, plan, first target.
@@ -92,11 +79,12 @@ fn select(router: &Router, seed: u64) -> Option<usize> {
     let mut plan = Plan::new(order, route.strategy, facts);
     let env = PlanEnv {
         catalog: &tables.catalog,
-        health: &router.health,
+        health: &tables.health,
         now_ms: router.health.now_ms(),
         degraded: false,
     };
-    plan.next(&env, Advance::NextDeployment).map(|t| t.position)
+    plan.next(&env, Advance::NextDeployment)
+        .map(|c| c.target.position)
 }
 
 /// What a naive gateway does: lock a map, look the model up, filter healthy deployments,
@@ -160,6 +148,60 @@ fn bench_selection(c: &mut Criterion) {
         let nv = naive(n);
         g.bench_with_input(BenchmarkId::new("baseline_mutex_hashmap", n), &n, |b, _| {
             b.iter(|| black_box(naive_select(&nv)));
+        });
+    }
+    g.finish();
+}
+
+/// Each lead pick alone, over tiers of 2, 8 and 32 members (the facts a closure returns are
+/// what the plan would read from health).
+fn bench_lead_picks(c: &mut Criterion) {
+    let mut g = c.benchmark_group("lead");
+    g.measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(500));
+    for n in [2usize, 8, 32] {
+        let tier: Vec<usize> = (0..n).collect();
+        let mut r = 1u64;
+        let mut next = move || {
+            r = splitmix64(r);
+            r
+        };
+        g.bench_with_input(BenchmarkId::new("round_robin", n), &n, |b, _| {
+            let mut turn = 0usize;
+            b.iter(|| {
+                turn += 1;
+                black_box(lead::round_robin(&tier, turn))
+            });
+        });
+        g.bench_with_input(BenchmarkId::new("random", n), &n, |b, _| {
+            b.iter(|| black_box(lead::random(&tier, next())));
+        });
+        g.bench_with_input(BenchmarkId::new("least_inflight", n), &n, |b, _| {
+            b.iter(|| black_box(lead::least_inflight(&tier, |p| (p as u32 * 7) % 5)));
+        });
+        g.bench_with_input(BenchmarkId::new("p2c", n), &n, |b, _| {
+            b.iter(|| black_box(lead::p2c(&tier, next(), |p| p as f64 * 1.5)));
+        });
+        g.bench_with_input(BenchmarkId::new("weighted", n), &n, |b, _| {
+            b.iter(|| {
+                let unit = (next() >> 11) as f64 / (1u64 << 53) as f64;
+                black_box(lead::weighted(&tier, |p| Some(1.0 + (p % 3) as f64), unit))
+            });
+        });
+        g.bench_with_input(BenchmarkId::new("prefix_affinity", n), &n, |b, _| {
+            b.iter(|| black_box(lead::prefix_affinity(&tier, next(), |p| p as u64 * 31)));
+        });
+        g.bench_with_input(BenchmarkId::new("cheapest", n), &n, |b, _| {
+            b.iter(|| black_box(lead::cheapest(&tier, |p| (p as u64 * 13) % 7)));
+        });
+        g.bench_with_input(BenchmarkId::new("sticky", n), &n, |b, _| {
+            b.iter(|| black_box(lead::sticky(&tier, |p| p + 1 == n)));
+        });
+        g.bench_with_input(BenchmarkId::new("explore", n), &n, |b, _| {
+            b.iter(|| {
+                let roll = (next() >> 11) as f64 / (1u64 << 53) as f64;
+                black_box(lead::explore(&tier, |p| p % 2 == 0, roll, next()))
+            });
         });
     }
     g.finish();
@@ -263,5 +305,11 @@ fn bench_contention(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_selection, bench_ranker, bench_contention);
+criterion_group!(
+    benches,
+    bench_selection,
+    bench_lead_picks,
+    bench_ranker,
+    bench_contention
+);
 criterion_main!(benches);

@@ -14,24 +14,24 @@ use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 
 use crate::catalog::prefer_ipv4;
-use crate::proxy::GatewayState;
+use crate::routing::Router;
 
 /// How often provider host names are re-resolved.
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(30);
 
 pub struct DnsRefresher {
-    state: Arc<GatewayState>,
+    router: Arc<Router>,
     interval: Duration,
 }
 
 impl DnsRefresher {
-    pub fn new(state: Arc<GatewayState>, interval: Duration) -> Self {
-        Self { state, interval }
+    pub fn new(router: Arc<Router>, interval: Duration) -> Self {
+        Self { router, interval }
     }
 
     /// Resolve every provider host name once.
     pub async fn refresh(&self) {
-        let tables = self.state.router.tables.load_full();
+        let tables = self.router.tables.load_full();
         for p in tables.catalog.providers.iter().filter(|p| p.needs_dns) {
             let host = (p.base_url.host.as_str(), p.base_url.port);
             match tokio::net::lookup_host(host).await {

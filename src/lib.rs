@@ -4,18 +4,34 @@
 //! string to a route, walks the route's candidates (deployment × credential) and fails over
 //! to the next one when an attempt fails before the caller received a byte.
 //!
-//! Dependencies point one way: `config` → `catalog` → `routing` → `proxy`. The request
-//! lifecycle, hook by hook, is documented in [`proxy`]; what counts as a failure lives in
-//! [`retry`]; provider dialects are byte transforms in [`adapters`].
+//! # The house
 //!
-//! - [`config`]: the file format and its validation.
-//! - [`catalog`]: providers, credentials, models and deployments, ready for the request path.
-//! - [`routing`]: model resolution, the routing snapshot and per-request plans.
-//! - [`retry`]: failure classification and the final error.
-//! - [`proxy`]: the `ProxyHttp` implementation.
-//! - [`metrics`], [`admin`]: Prometheus metrics and the admin listener.
+//! Dependencies point one way: `config` → `catalog` → `health` → `routing` → `proxy` →
+//! `server`, with `retry` (the failure vocabulary) and `adapters` (the dialects) below all of
+//! them, and `server` the only module that sees every other.
+//!
+//! - [`config`]: the file format (`schema`), its checked types, per-section validation, value
+//!   parsers and the one table of defaults.
+//! - [`catalog`]: providers, credentials, models and deployments, ready for the request path,
+//!   with the stable identities that survive a rebuild.
+//! - [`retry`]: the failure vocabulary — how an attempt ended, where the plan looks next,
+//!   what is retryable, what the caller is told.
+//! - [`health`]: per-target, per-credential and per-deployment records (breakers, cooldowns,
+//!   benching, EWMAs), carried across catalog rebuilds by identity; active probes.
+//! - [`routing`]: deciding, purely — model resolution, the routing snapshot, strategies
+//!   (`scoring`), per-request lead picks (`lead`), the plan walk (`plan`), the background
+//!   ranker, and `explain`, which runs the same walk.
+//! - [`adapters`]: provider dialects as byte transforms (the JSON scanner, the OpenAI
+//!   dialect).
+//! - [`proxy`]: doing — the `ProxyHttp` implementation, one room per concern: intake,
+//!   planning, the attempt, the response, the failure decision, accounting.
+//! - [`metrics`], [`admin`]: Prometheus metrics (request and health families) and the admin
+//!   listener.
 //! - [`dns`]: background re-resolution of provider hosts.
-//! - [`server`]: assembling the Pingora server from a config.
+//! - [`server`]: the shared gateway state and the Pingora server assembled from a config.
+//!
+//! The request lifecycle, hook by hook, is the table in [`proxy`]. The mock provider the
+//! tests, demo and load tests run against is its own crate, `signalbox-mock`.
 
 pub mod adapters;
 pub mod admin;
@@ -31,3 +47,5 @@ pub mod routing;
 pub mod secret;
 pub mod server;
 pub mod telemetry;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;

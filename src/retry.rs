@@ -1,6 +1,8 @@
-//! What counts as a failure, what is worth another candidate, and what the caller is told
-//! when every attempt failed. The single place these rules live: the proxy hooks (and, later,
-//! the subrequest path) ask here instead of deciding themselves.
+//! The failure vocabulary: how an upstream call ended ([`Outcome`]), where the plan looks next
+//! ([`Advance`]), what counts as a failure, what is worth another candidate, and what the
+//! caller is told when every attempt failed. The single place these rules live: the proxy
+//! hooks, health, the plan and metrics all speak this vocabulary instead of deciding
+//! themselves.
 //!
 //! Failover triggers (before the first byte reached the client): connect refused or timed
 //! out, TLS failure, reset or close before the response header, TTFB timeout, and the
@@ -13,8 +15,105 @@ use std::time::{Duration, SystemTime};
 use pingora_error::{Error, ErrorType};
 
 use crate::error::{ErrorCode, GatewayError};
-use crate::metrics::Outcome;
-use crate::routing::plan::{Advance, Plan, SkipReason};
+
+/// How one upstream call ended. The label values of `attempts_total{outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// A 2xx response header arrived and the response was relayed.
+    Ok,
+    /// A 4xx the caller caused (not a failover trigger); relayed in signalbox's words.
+    ClientError,
+    /// 429 from the upstream.
+    RateLimited,
+    /// 401/402/403: the credential was refused.
+    CredentialRejected,
+    /// 404: the upstream does not know the model.
+    ModelNotFound,
+    /// 5xx, 529 and 408.
+    ServerError,
+    /// A status signalbox does not relay (1xx leftovers, 3xx).
+    UnexpectedStatus,
+    ConnectRefused,
+    ConnectTimeout,
+    TlsError,
+    /// Reset or closed before the response header.
+    Reset,
+    /// No response header within the TTFB timeout.
+    Timeout,
+    /// The response broke after bytes reached the client.
+    StreamBroken,
+    /// An empty stream or empty `choices`.
+    Empty,
+    /// The client went away.
+    Cancelled,
+    /// The gateway itself could not open a connection (out of file descriptors, ports or
+    /// memory): not the provider's failure.
+    LocalError,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 16] = [
+        Outcome::Ok,
+        Outcome::ClientError,
+        Outcome::RateLimited,
+        Outcome::CredentialRejected,
+        Outcome::ModelNotFound,
+        Outcome::ServerError,
+        Outcome::UnexpectedStatus,
+        Outcome::ConnectRefused,
+        Outcome::ConnectTimeout,
+        Outcome::TlsError,
+        Outcome::Reset,
+        Outcome::Timeout,
+        Outcome::StreamBroken,
+        Outcome::Empty,
+        Outcome::Cancelled,
+        Outcome::LocalError,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::ClientError => "client_error",
+            Outcome::RateLimited => "rate_limited",
+            Outcome::CredentialRejected => "credential_rejected",
+            Outcome::ModelNotFound => "model_not_found",
+            Outcome::ServerError => "server_error",
+            Outcome::UnexpectedStatus => "unexpected_status",
+            Outcome::ConnectRefused => "connect_refused",
+            Outcome::ConnectTimeout => "connect_timeout",
+            Outcome::TlsError => "tls_error",
+            Outcome::Reset => "reset",
+            Outcome::Timeout => "timeout",
+            Outcome::StreamBroken => "stream_broken",
+            Outcome::Empty => "empty",
+            Outcome::Cancelled => "cancelled",
+            Outcome::LocalError => "local_error",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Where the plan should look next after a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Advance {
+    /// Another credential of the same deployment, then the next deployment.
+    NextCredential,
+    /// The next deployment.
+    NextDeployment,
+}
+
+/// Why a request ended without any upstream call: the plan had no candidate it could call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoCall {
+    /// Every candidate lacked a usable credential (and none was disabled or unresolved).
+    NotConfigured,
+    /// Candidates exist but none can take a request now (ejected, benched, disabled, ...).
+    Unavailable,
+}
 
 /// Failures worth calling the same target again (`failover.transient_retries`): the target
 /// answered or accepted before, and a second call often succeeds. A refused connect (nothing
@@ -187,13 +286,11 @@ impl FailureLog {
         self.failures > 0 && outcomes.iter().map(|o| self.count(*o)).sum::<u16>() == self.failures
     }
 
-    /// What the caller is told when no attempt produced a relayable answer.
-    pub fn final_error(&self, plan: &Plan) -> GatewayError {
+    /// What the caller is told when no attempt produced a relayable answer. `no_call` says
+    /// why, when no attempt was made at all.
+    pub fn final_error(&self, no_call: NoCall) -> GatewayError {
         if self.failures == 0 {
-            if plan.skipped(SkipReason::NoCredential) > 0
-                && plan.skipped(SkipReason::ProviderDisabled) == 0
-                && plan.skipped(SkipReason::Unresolved) == 0
-            {
+            if no_call == NoCall::NotConfigured {
                 return GatewayError::new(
                     ErrorCode::ProviderNotConfigured,
                     "no candidate for this model has a usable provider credential configured",
@@ -353,36 +450,35 @@ mod tests {
         assert_eq!(classify_connect_error(&refused), Outcome::ConnectRefused);
         let mut log = FailureLog::default();
         log.record(Outcome::LocalError);
-        let plan = Plan::new(
-            std::sync::Arc::from(Vec::new()),
-            crate::config::Strategy::Priority,
-            crate::routing::RequestFacts::default(),
-        );
-        assert_eq!(log.final_error(&plan).status, 503);
+        assert_eq!(log.final_error(NoCall::Unavailable).status, 503);
     }
 
     #[test]
     fn final_errors() {
-        let plan = Plan::new(
-            std::sync::Arc::from(Vec::new()),
-            crate::config::Strategy::Priority,
-            crate::routing::RequestFacts::default(),
-        );
         let mut log = FailureLog::default();
-        assert_eq!(log.final_error(&plan).code, ErrorCode::NoProviderAvailable);
+        assert_eq!(
+            log.final_error(NoCall::Unavailable).code,
+            ErrorCode::NoProviderAvailable
+        );
         log.record(Outcome::RateLimited);
         log.note_retry_after(9);
         log.note_retry_after(4);
-        let e = log.final_error(&plan);
+        let e = log.final_error(NoCall::Unavailable);
         assert_eq!((e.code, e.retry_after), (ErrorCode::RateLimited, Some(4)));
         log.record(Outcome::ServerError);
-        assert_eq!(log.final_error(&plan).code, ErrorCode::UpstreamError);
+        assert_eq!(
+            log.final_error(NoCall::Unavailable).code,
+            ErrorCode::UpstreamError
+        );
         let mut t = FailureLog::default();
         t.record(Outcome::Timeout);
         t.record(Outcome::ConnectTimeout);
-        assert_eq!(t.final_error(&plan).code, ErrorCode::UpstreamTimeout);
+        assert_eq!(
+            t.final_error(NoCall::Unavailable).code,
+            ErrorCode::UpstreamTimeout
+        );
         let mut c = FailureLog::default();
         c.record(Outcome::CredentialRejected);
-        assert_eq!(c.final_error(&plan).status, 424);
+        assert_eq!(c.final_error(NoCall::Unavailable).status, 424);
     }
 }

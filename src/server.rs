@@ -1,5 +1,7 @@
-//! Assembling signalbox from a config: the routing snapshot, the Pingora server settings and
-//! the services (proxy, admin, DNS refresh). `main` only sequences these steps.
+//! Assembling signalbox from a config: the shared gateway state (routing snapshot, health,
+//! metrics), the Pingora server settings and the services (proxy, admin, DNS refresh, ranker,
+//! probes). `main` only sequences these steps; every other module receives the pieces of
+//! [`GatewayState`] it needs, so dependencies point from here outwards.
 
 use std::sync::Arc;
 
@@ -14,13 +16,39 @@ use crate::config::Config;
 use crate::dns::{DnsRefresher, REFRESH_INTERVAL};
 use crate::error::StartupError;
 use crate::health::clock::{Clock, SystemClock};
-use crate::health::export::HealthCollector;
-use crate::health::probe::{CatalogSource, ProbeService, Prober};
-use crate::health::HealthRegistry;
+use crate::health::probe::{HealthSource, ProbeService, Prober};
+use crate::health::{HealthRegistry, HealthShared};
+use crate::metrics::health::HealthCollector;
 use crate::metrics::Metrics;
-use crate::proxy::{Gateway, GatewayState};
+use crate::proxy::Gateway;
 use crate::routing::rank::RankerService;
 use crate::routing::{Router, Tables};
+
+/// State shared by every request and every background service: routing (snapshot, rankings,
+/// health, sessions) and the metric families.
+pub struct GatewayState {
+    pub router: Arc<Router>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl GatewayState {
+    pub fn new(router: Arc<Router>, metrics: Arc<Metrics>) -> Self {
+        let generation = router.tables.load().generation;
+        metrics
+            .config_generation
+            .set(i64::try_from(generation).unwrap_or(0));
+        Self { router, metrics }
+    }
+
+    /// The catalog serving traffic and its health records, for background readers.
+    pub fn health_source(&self) -> HealthSource {
+        let router = self.router.clone();
+        Arc::new(move || {
+            let tables = router.tables.load();
+            (tables.catalog.clone(), tables.health.clone())
+        })
+    }
+}
 use pingora_core::connectors::http::Connector;
 use pingora_core::connectors::ConnectorOptions;
 use pingora_core::listeners::{L4BufferSettings, ListenerConfig};
@@ -41,19 +69,16 @@ pub fn build_state_with_clock(
         Catalog::build(config, &resolve_blocking, &read_key_from_env_or_file)?;
     let catalog = Arc::new(catalog);
     let metrics = Arc::new(Metrics::new()?);
-    let health = Arc::new(HealthRegistry::new(&catalog, config.health, clock));
-    let tables = Tables::build(config, catalog, &metrics, 1);
-    let router = Arc::new(Router::new(tables, health));
-    let catalog_source: CatalogSource = {
-        let router = router.clone();
-        Arc::new(move || router.tables.load().catalog.clone())
-    };
-    metrics.register(Box::new(HealthCollector::new(
-        router.health.clone(),
-        catalog_source,
-        metrics.probes.clone(),
+    let shared = HealthShared::new(clock, &config.health);
+    let health = Arc::new(HealthRegistry::new(&catalog, config.health, shared.clone()));
+    let tables = Tables::build(config, catalog, health, &metrics, 1);
+    let router = Arc::new(Router::new(tables, shared));
+    let state = GatewayState::new(router, metrics);
+    state.metrics.register(Box::new(HealthCollector::new(
+        state.health_source(),
+        state.metrics.probes.clone(),
     )?))?;
-    Ok((Arc::new(GatewayState::new(router, metrics)), warnings))
+    Ok((Arc::new(state), warnings))
 }
 
 /// Downstream write coalescing: a response header and a small body leave in one segment.
@@ -115,7 +140,7 @@ pub fn build_server(
 
     let mut proxy = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
-        Gateway::new(state.clone()),
+        Gateway::new(state.router.clone(), state.metrics.clone()),
         "signalbox proxy",
     );
     // Downstream reads go straight into Pingora's own header and body buffers: the default
@@ -126,28 +151,26 @@ pub fn build_server(
             .l4_buffer(L4BufferSettings::new(0, DOWNSTREAM_WRITE_BUFFER)),
     );
 
-    let mut admin = Service::new("signalbox admin".to_string(), AdminApp::new(state.clone()));
+    let mut admin = Service::new(
+        "signalbox admin".to_string(),
+        AdminApp::new(state.router.clone(), state.metrics.clone()),
+    );
     admin.add_tcp(&config.listen.admin);
 
     let dns = background_service(
         "signalbox dns",
-        DnsRefresher::new(state.clone(), REFRESH_INTERVAL),
+        DnsRefresher::new(state.router.clone(), REFRESH_INTERVAL),
     );
     let router = state.router.clone();
     let ranker = background_service(
         "signalbox ranker",
         RankerService::new(router.clone(), config.routing.rank_interval),
     );
-    let catalog_source: CatalogSource = {
-        let router = router.clone();
-        Arc::new(move || router.tables.load().catalog.clone())
-    };
     let connector = Arc::new(Connector::new(Some(ConnectorOptions::from_server_conf(
         &server.configuration,
     ))));
     let prober = Prober::new(
-        router.health.clone(),
-        catalog_source,
+        state.health_source(),
         connector,
         state.metrics.probes.clone(),
     );

@@ -71,7 +71,21 @@ fn explain_prints_the_plan() {
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("route:    chain:default"), "{text}");
-    assert!(text.contains("first attempt:"), "{text}");
+    assert!(
+        text.contains("first:    local-down/llama-3.1-8b (healthy)"),
+        "{text}"
+    );
+    // Every candidate of the chain, in the order the walk would try them.
+    let order = text
+        .split("attempt order if each fails:\n")
+        .nth(1)
+        .unwrap_or("");
+    assert!(
+        order.starts_with(
+            "  1. local-down/llama-3.1-8b\n  2. mock-a/gpt-4o-mini\n  3. mock-b/gpt-4o-mini-compat\n"
+        ),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

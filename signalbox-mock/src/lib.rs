@@ -44,6 +44,10 @@ pub struct MockConfig {
     pub record: bool,
     /// Serve HTTPS with this certificate chain and key (PEM files).
     pub tls: Option<TlsFiles>,
+    /// Answer with this `model` instead of echoing the request's, as providers that report a
+    /// dated snapshot (`gpt-4o-mini-2024-07-18`) or a shortened name do. A JSON string's
+    /// content, already escaped.
+    pub echo_model: Option<String>,
 }
 
 impl Default for MockConfig {
@@ -55,6 +59,7 @@ impl Default for MockConfig {
             reply: "Hello from signalbox-mock.".to_string(),
             record: true,
             tls: None,
+            echo_model: None,
         }
     }
 }
@@ -308,6 +313,7 @@ struct Shared {
     shape: StreamShape,
     record: bool,
     tls: bool,
+    echo_model: Option<Vec<u8>>,
     config_default: Behaviour,
     /// The current default; connections cache it and re-read it when `default_gen` changes.
     default: Mutex<Arc<Behaviour>>,
@@ -334,6 +340,7 @@ impl Shared {
             shape: config.stream,
             record: config.record,
             tls: config.tls.is_some(),
+            echo_model: config.echo_model.map(String::into_bytes),
             default: Mutex::new(Arc::new(config.default_behaviour.clone())),
             config_default: config.default_behaviour,
             default_gen: AtomicU64::new(0),

@@ -58,6 +58,11 @@ struct Args {
     /// PEM private key (requires --tls-cert).
     #[arg(long, value_name = "PATH", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+
+    /// Answer with this `model` instead of echoing the request's (like a provider that reports
+    /// a dated or shortened name).
+    #[arg(long, value_name = "NAME")]
+    echo_model: Option<String>,
 }
 
 fn parse_behaviour(s: &str) -> Result<Behaviour, String> {
@@ -120,6 +125,10 @@ async fn run(args: Args) -> std::io::Result<()> {
             }),
             _ => None,
         },
+        // An escaped JSON string's content: a name a provider could send.
+        echo_model: args
+            .echo_model
+            .map(|n| serde_json::to_string(&n).map_or(n, |s| s[1..s.len() - 1].to_string())),
     };
     // Install the signal handlers before announcing anything: a script may signal as soon as it
     // reads the first "listening" line.

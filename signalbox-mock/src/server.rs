@@ -833,7 +833,7 @@ async fn act<S: MockIo>(
     let answer = Answer {
         n: call.n,
         created: wire::unix_secs(),
-        model: call.model,
+        model: sh.echo_model.as_deref().unwrap_or(call.model),
         prompt_tokens: call.prompt_tokens,
         completion_tokens: sh.reply.words,
     };

@@ -243,16 +243,17 @@ pub struct StreamStats {
 pub enum ResponseRewriter {
     /// Relay as is.
     Passthrough,
-    /// A JSON body: held until complete, then `model` replaced. With `fixed_len` (the
-    /// upstream's `Content-Length`, kept on the response), the body keeps exactly that length:
-    /// the caller's name is padded with spaces after the value (valid JSON), so the response
-    /// stays length-framed (one write, no chunk trailer). The proxy only chooses this when the
-    /// caller's name is not longer than the name sent upstream, which providers echo.
+    /// A JSON body: held until complete, then `model` replaced by the caller's name.
     Json {
         caller_model: Bytes,
         buf: BytesMut,
+        /// The exact length the body must have (the upstream's `Content-Length` was kept,
+        /// raised by [`fixed_json_length`]); `None` when the response is re-framed (chunked).
         fixed_len: Option<usize>,
     },
+    /// A JSON body too large to hold and rewrite, relayed as it comes; its length-framed
+    /// response still owes `pad` bytes of trailing whitespace.
+    PassthroughPadded { pad: usize },
     /// An SSE stream: `model` replaced in each `data:` event as it passes.
     Sse {
         caller_model: Bytes,
@@ -261,6 +262,19 @@ pub enum ResponseRewriter {
     /// An upstream refusal relayed in signalbox's words: the upstream body is read (a bounded
     /// prefix kept to recognise context-length errors) and replaced.
     Replace { status: u16, sniff: BytesMut },
+}
+
+/// The `Content-Length` to announce for a JSON body of `upstream_len` bytes whose `model`
+/// value will become `caller_model` (a JSON string literal, quotes included), so the response
+/// keeps its length framing whatever name the provider echoed.
+///
+/// The provider's echo is unknown until the body arrives, but it is a string literal of at
+/// least two bytes (`""`), so the rewritten body is never longer than `upstream_len +
+/// caller_model.len() - 2`. Announcing exactly that and padding the body up to it with
+/// trailing whitespace (valid JSON) gives exact framing for every echo — longer, shorter or
+/// missing — decided before the body is seen, as the header must be.
+pub fn fixed_json_length(upstream_len: usize, caller_model: &[u8]) -> usize {
+    upstream_len + caller_model.len().saturating_sub(2)
 }
 
 /// JSON bodies larger than this are relayed without the `model` rewrite.
@@ -279,12 +293,13 @@ pub fn sse_error_event(message: &str, code: &str) -> Bytes {
 }
 
 impl ResponseRewriter {
-    /// Whether the relayed body may differ in length from the upstream's, so the response must
-    /// be re-framed (chunked) instead of keeping its `Content-Length`.
+    /// Whether the relayed body's length is not known when the header goes out, so the
+    /// response must be re-framed (chunked) instead of keeping a `Content-Length`.
     pub fn changes_length(&self) -> bool {
         !matches!(
             self,
             ResponseRewriter::Passthrough
+                | ResponseRewriter::PassthroughPadded { .. }
                 | ResponseRewriter::Json {
                     fixed_len: Some(_),
                     ..
@@ -296,6 +311,16 @@ impl ResponseRewriter {
     pub fn filter(&mut self, body: &mut Option<Bytes>, eos: bool, stats: &mut StreamStats) {
         match self {
             ResponseRewriter::Passthrough => {}
+            ResponseRewriter::PassthroughPadded { pad } => {
+                if eos {
+                    let mut out = BytesMut::new();
+                    if let Some(chunk) = body.take() {
+                        out.put_slice(&chunk);
+                    }
+                    out.put_bytes(b' ', *pad);
+                    *body = Some(out.freeze());
+                }
+            }
             ResponseRewriter::Json {
                 caller_model,
                 buf,
@@ -306,11 +331,26 @@ impl ResponseRewriter {
                     Some(chunk) if eos && buf.is_empty() => chunk,
                     Some(chunk) => {
                         if buf.len() + chunk.len() > MAX_JSON_REWRITE {
-                            // Too large to hold: release what we have and stop rewriting.
+                            // Too large to hold: release what we have and stop rewriting (a
+                            // length-framed response still gets its announced length).
                             let mut all = std::mem::take(buf);
                             all.put_slice(&chunk);
+                            // What the announced length adds to the upstream's (see
+                            // `fixed_json_length`).
+                            let pad = if fixed_len.is_some() {
+                                caller_model.len().saturating_sub(2)
+                            } else {
+                                0
+                            };
+                            *self = if pad > 0 && eos {
+                                all.put_bytes(b' ', pad);
+                                ResponseRewriter::Passthrough
+                            } else if pad > 0 {
+                                ResponseRewriter::PassthroughPadded { pad }
+                            } else {
+                                ResponseRewriter::Passthrough
+                            };
                             *body = Some(all.freeze());
-                            *self = ResponseRewriter::Passthrough;
                             return;
                         }
                         buf.put_slice(&chunk);
@@ -337,7 +377,7 @@ impl ResponseRewriter {
                     Cow::Owned(std::mem::take(carry).to_vec())
                 };
                 let mut start = 0;
-                while let Some(nl) = memchr_newline(&data[start..]) {
+                while let Some(nl) = memchr::memchr(b'\n', &data[start..]) {
                     let line = &data[start..start + nl + 1];
                     rewrite_sse_line(line, caller_model, stats, &mut out);
                     start += nl + 1;
@@ -392,48 +432,44 @@ pub fn refusal_body(status: u16, upstream_body: &[u8]) -> Bytes {
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
-}
-
-fn memchr_newline(b: &[u8]) -> Option<usize> {
-    b.iter().position(|&c| c == b'\n')
+    memchr::memmem::find(hay, needle).is_some()
 }
 
 const RESPONSE_KEYS: &[&[u8]] = &[b"model", b"usage", b"choices", b"error"];
 
-/// Replace the top-level `model` of a JSON object; unchanged if it is not one. With
-/// `fixed_len`, the result keeps the document's length (padding after the value), or the
-/// document is left unchanged when the caller's name does not fit or the length is not the
-/// one announced.
+/// Replace the top-level `model` of a JSON object (unchanged if it is not one). With
+/// `fixed_len`, the result is exactly that long: trailing whitespace pads it (see
+/// [`fixed_json_length`]).
 fn rewrite_json_object(
     doc: &Bytes,
     caller_model: &[u8],
     fixed_len: Option<usize>,
     stats: &mut StreamStats,
 ) -> Bytes {
-    let Ok(scan) = json::scan_object(doc, RESPONSE_KEYS) else {
+    let model = json::scan_object(doc, RESPONSE_KEYS).ok().and_then(|scan| {
+        note_stats(doc, &scan, stats);
+        scan.get(0)
+            .filter(|m| doc.get(m.value.start) == Some(&b'"'))
+            .map(|m| m.value.clone())
+    });
+    let rewritten_len = model
+        .as_ref()
+        .map_or(doc.len(), |v| doc.len() - v.len() + caller_model.len());
+    let target_len = fixed_len.unwrap_or(rewritten_len);
+    if model.is_none() && target_len == doc.len() {
         return doc.clone();
-    };
-    note_stats(doc, &scan, stats);
-    let Some(m) = scan
-        .get(0)
-        .filter(|m| doc.get(m.value.start) == Some(&b'"'))
-    else {
-        return doc.clone();
-    };
-    let (start, end) = (m.value.start, m.value.end);
-    let padding = match fixed_len {
-        None => 0,
-        Some(len) if len == doc.len() && caller_model.len() <= end - start => {
-            end - start - caller_model.len()
+    }
+    let mut out = BytesMut::with_capacity(target_len.max(rewritten_len));
+    match model {
+        Some(v) => {
+            out.put_slice(&doc[..v.start]);
+            out.put_slice(caller_model);
+            out.put_slice(&doc[v.end..]);
         }
-        Some(_) => return doc.clone(),
-    };
-    let mut out = BytesMut::with_capacity(doc.len() + caller_model.len());
-    out.put_slice(&doc[..start]);
-    out.put_slice(caller_model);
-    out.put_bytes(b' ', padding);
-    out.put_slice(&doc[end..]);
+        None => out.put_slice(doc),
+    }
+    // Length-framed: pad up to the announced length (never longer: it is an upper bound).
+    out.put_bytes(b' ', target_len.saturating_sub(out.len()));
     out.freeze()
 }
 
@@ -612,27 +648,62 @@ mod tests {
     }
 
     #[test]
-    fn length_framed_rewrite_keeps_the_length() {
-        let doc = br#"{"id":"x","model":"gpt-4o-mini-2024-07-18","choices":[]}"#;
-        let run = |caller: &'static [u8], fixed: Option<usize>| {
+    fn length_framed_rewrite_has_the_announced_length_whatever_the_echo() {
+        let run = |doc: &'static [u8], caller: &'static [u8]| {
+            let fixed = fixed_json_length(doc.len(), caller);
             let mut rw = ResponseRewriter::Json {
                 caller_model: Bytes::from_static(caller),
                 buf: BytesMut::new(),
-                fixed_len: fixed,
+                fixed_len: Some(fixed),
             };
             let mut b = Some(Bytes::from_static(doc));
             rw.filter(&mut b, true, &mut StreamStats::default());
-            b.expect("body")
+            let out = b.expect("body");
+            assert_eq!(out.len(), fixed, "exactly the announced length");
+            serde_json::from_slice::<serde_json::Value>(&out).expect("still JSON")
         };
-        let out = run(b"\"fast\"", Some(doc.len()));
-        assert_eq!(out.len(), doc.len());
-        let v: serde_json::Value = serde_json::from_slice(&out).expect("still JSON");
-        assert_eq!(v["model"], "fast");
-        // A caller name longer than the echoed one cannot fit: the body is left as it came.
-        let long = run(b"\"a-very-long-caller-facing-model-name\"", Some(doc.len()));
-        assert_eq!(&long[..], &doc[..]);
-        // A body that is not the announced length is not touched either.
-        assert_eq!(&run(b"\"fast\"", Some(doc.len() + 1))[..], &doc[..]);
+        let long_echo = br#"{"id":"x","model":"gpt-4o-mini-2024-07-18","choices":[]}"#;
+        let short_echo = br#"{"id":"x","model":"g","choices":[]}"#;
+        let pretty = b"{\n  \"id\": \"x\",\n  \"model\": \"g\",\n  \"choices\": []\n}\n";
+        let caller: &[u8] = b"\"a-very-long-caller-facing-model-name\"";
+        assert_eq!(run(long_echo, b"\"fast\"")["model"], "fast");
+        // The echo is shorter than the caller's name: the name still comes back.
+        assert_eq!(
+            run(short_echo, caller)["model"],
+            "a-very-long-caller-facing-model-name"
+        );
+        assert_eq!(
+            run(pretty, caller)["model"],
+            "a-very-long-caller-facing-model-name"
+        );
+        // No `model` at all, or not JSON: the body is kept and padded to its announced length.
+        assert_eq!(run(br#"{"id":"x"}"#, caller)["id"], "x");
+    }
+
+    #[test]
+    fn a_json_body_too_large_to_hold_still_gets_its_announced_length() {
+        let caller: &[u8] = b"\"caller\"";
+        let chunk = vec![b' '; MAX_JSON_REWRITE / 2 + 1];
+        let upstream_len = 2 * chunk.len() + 2;
+        let fixed = fixed_json_length(upstream_len, caller);
+        let mut rw = ResponseRewriter::Json {
+            caller_model: Bytes::copy_from_slice(caller),
+            buf: BytesMut::new(),
+            fixed_len: Some(fixed),
+        };
+        let mut total = 0;
+        let mut stats = StreamStats::default();
+        for (part, eos) in [
+            (Bytes::from_static(b"{"), false),
+            (Bytes::from(chunk.clone()), false),
+            (Bytes::from(chunk), false),
+            (Bytes::from_static(b"}"), true),
+        ] {
+            let mut b = Some(part);
+            rw.filter(&mut b, eos, &mut stats);
+            total += b.map_or(0, |b| b.len());
+        }
+        assert_eq!(total, fixed);
     }
 
     #[test]

@@ -19,7 +19,7 @@ fn until(router: &Router, now_ms: u64, until_ms: u64) -> Value {
 pub fn render(router: &Router) -> Value {
     let tables = router.tables.load_full();
     let catalog = &tables.catalog;
-    let reg = &router.health;
+    let reg = &tables.health;
     let now = reg.now_ms();
     let mut targets = Vec::new();
     for t in reg.targets_of(catalog) {
@@ -80,7 +80,7 @@ pub fn render(router: &Router) -> Value {
             }));
         }
     }
-    let degraded = &reg.degraded;
+    let degraded = reg.degraded();
     let rankings = router.rankings.load();
     json!({
         "degraded": {
@@ -89,7 +89,7 @@ pub fn render(router: &Router) -> Value {
                 let ago = now.saturating_sub(s);
                 json!({
                     "ms_ago": ago,
-                    "at": httpdate::fmt_http_date(reg.clock.wall() - Duration::from_millis(ago)),
+                    "at": httpdate::fmt_http_date(reg.clock().wall() - Duration::from_millis(ago)),
                 })
             }),
             "healthy_provider_ratio": degraded.last_ratio(),

@@ -1,6 +1,7 @@
 //! The admin listener (loopback by default): `/metrics` in Prometheus text, `/healthz` for
-//! liveness and `/admin/health` for the health of every target. Separate from the proxy listener so scraping never competes with traffic
-//! routing rules and is never exposed where the proxy port is.
+//! liveness and `/admin/health` for the health of every target. Separate from the proxy
+//! listener, so scraping never competes with traffic and is never exposed where the proxy
+//! port is.
 
 pub mod health;
 
@@ -11,15 +12,17 @@ use http::Response;
 use pingora_core::apps::http_app::ServeHttp;
 use pingora_core::protocols::http::ServerSession;
 
-use crate::proxy::GatewayState;
+use crate::metrics::Metrics;
+use crate::routing::Router;
 
 pub struct AdminApp {
-    state: Arc<GatewayState>,
+    router: Arc<Router>,
+    metrics: Arc<Metrics>,
 }
 
 impl AdminApp {
-    pub fn new(state: Arc<GatewayState>) -> Self {
-        Self { state }
+    pub fn new(router: Arc<Router>, metrics: Arc<Metrics>) -> Self {
+        Self { router, metrics }
     }
 }
 
@@ -43,10 +46,10 @@ impl ServeHttp for AdminApp {
             "/metrics" => response(
                 200,
                 "text/plain; version=0.0.4",
-                self.state.metrics.render().into_bytes(),
+                self.metrics.render().into_bytes(),
             ),
             "/healthz" => {
-                let generation = self.state.router.tables.load().generation;
+                let generation = self.router.tables.load().generation;
                 response(
                     200,
                     "application/json",
@@ -57,7 +60,7 @@ impl ServeHttp for AdminApp {
             "/admin/health" => response(
                 200,
                 "application/json",
-                health::render(&self.state.router).to_string().into_bytes(),
+                health::render(&self.router).to_string().into_bytes(),
             ),
             _ => response(
                 404,

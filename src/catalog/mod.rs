@@ -7,6 +7,11 @@
 //! the routing header values. Entities are addressed by dense indices ([`ProviderIdx`],
 //! [`DeploymentIdx`], [`ModelIdx`]) so per-request state stays small and copyable.
 //!
+//! Indices are positions in *this* catalog. What must survive a rebuild (health records,
+//! sticky sessions, prefix affinity) is keyed by identity instead: a provider by its id, a
+//! credential by its provider's id and its own, a deployment by (model name, provider id,
+//! upstream model) — see [`Catalog::deployment_key`] and [`Deployment::key_hash`].
+//!
 //! Addresses are the one mutable part: DNS answers change, so each provider holds an
 //! [`AddrCell`] that the background resolver (`dns`) swaps and the request path reads without
 //! a lock. A provider whose host has not resolved yet is skipped without a call.
@@ -180,6 +185,8 @@ pub struct Model {
     pub deployments: Vec<DeploymentIdx>,
     pub enabled: bool,
     pub strategy: Strategy,
+    /// Its own breaker threshold; `None` follows the health policy's (0: breakers off).
+    pub failure_threshold: Option<u32>,
 }
 
 /// One way to serve a model: a provider and the upstream model name it knows it by.
@@ -202,6 +209,9 @@ pub struct Deployment {
     /// Share under the `weighted` strategy; `None` = only in the failure order.
     pub weight: Option<f64>,
     pub rpm: Option<u32>,
+    /// A stable hash of the deployment's identity (model, provider, upstream model): the same
+    /// in every catalog and every replica (sticky sessions and prefix affinity use it).
+    pub key_hash: u64,
 }
 
 /// The immutable catalog.
@@ -224,6 +234,18 @@ impl Catalog {
     }
     pub fn provider_by_id(&self, id: &str) -> Option<&Provider> {
         self.providers.iter().find(|p| &*p.id == id)
+    }
+
+    /// A catalog deployment's identity: (model name, provider id, upstream model). `None` for
+    /// an ad-hoc deployment.
+    pub fn deployment_key(&self, d: DeploymentIdx) -> Option<(&str, &str, &str)> {
+        let dep = self.deployments.get(d.get())?;
+        let model = self.model(dep.model?);
+        Some((
+            &model.name,
+            &self.provider(dep.provider).id,
+            &dep.upstream_model,
+        ))
     }
 
     /// Build from a validated config. `resolve` gives the initial addresses of a host
@@ -339,6 +361,7 @@ impl Catalog {
                     price: d.price,
                     weight: d.weight,
                     rpm: d.rpm,
+                    key_hash: identity_hash(&[&m.name, &provider.id, &d.upstream_model]),
                 });
                 own.push(di);
             }
@@ -354,6 +377,7 @@ impl Catalog {
                 deployments: own,
                 enabled: m.enabled,
                 strategy: m.strategy,
+                failure_threshold: m.failure_threshold,
             });
         }
 
@@ -389,8 +413,27 @@ impl Deployment {
             price: None,
             weight: None,
             rpm: None,
+            key_hash: identity_hash(&[&provider.id, upstream_model]),
         })
     }
+}
+
+/// The one stable 64-bit hash of signalbox (SipHash-2-4 with fixed keys): the same bytes hash
+/// the same in every process and every release, so replicas agree on sticky sessions and
+/// prefix affinity, and identities hash the same across config reloads.
+pub fn stable_hash(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h =
+        siphasher::sip::SipHasher24::new_with_keys(0x5167_6e61_6c62_6f78, 0x7374_6963_6b79_0001);
+    // Hashed as a slice (length first), as signalbox always has.
+    bytes.hash(&mut h);
+    h.finish()
+}
+
+/// A stable hash of an identity made of several names (NUL-separated: names never hold NUL).
+fn identity_hash(parts: &[&str]) -> u64 {
+    let joined = parts.join("\0");
+    stable_hash(joined.as_bytes())
 }
 
 fn header_value(s: &str) -> Result<HeaderValue, CatalogError> {

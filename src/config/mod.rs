@@ -237,7 +237,10 @@ active_chain: other
             format!("{:?}", RoutingKnobs::default())
         );
         assert_eq!(c.models[0].strategy, defaults::STRATEGY);
-        assert_eq!(c.models[0].failure_threshold, defaults::FAILURE_THRESHOLD);
+        assert_eq!(
+            c.models[0].breaker_threshold(&c.health),
+            defaults::FAILURE_THRESHOLD
+        );
     }
 
     #[test]
@@ -245,7 +248,7 @@ active_chain: other
         let c = parse(&format!("{MINIMAL}health: {{ failure_threshold: 0 }}\n")).expect("valid");
         assert_eq!(c.health.failure_threshold, 0);
         // A model without its own threshold follows the global one.
-        assert_eq!(c.models[0].failure_threshold, 0);
+        assert_eq!(c.models[0].breaker_threshold(&c.health), 0);
     }
 
     #[test]
@@ -264,7 +267,7 @@ health: { failure_threshold: 5 }
             c.models
                 .iter()
                 .find(|m| m.name == name)
-                .map(|m| m.failure_threshold)
+                .map(|m| m.breaker_threshold(&c.health))
         };
         assert_eq!(threshold("off"), Some(0));
         assert_eq!(threshold("own"), Some(7));

@@ -346,11 +346,19 @@ pub struct ModelConfig {
     pub deployments: Vec<DeploymentConfig>,
     pub enabled: bool,
     pub strategy: Strategy,
-    /// This model's breaker threshold, resolved: its own `failure_threshold` key, or else
-    /// `health.failure_threshold`. `0` = this model's breaker is off: its targets are never
-    /// ejected or benched for failures, so a failing target is called on every request
-    /// (credential cooldowns after 401/403/429 still apply).
-    pub failure_threshold: u32,
+    /// This model's own breaker threshold (`failure_threshold` under the model); `None`
+    /// follows `health.failure_threshold` (see [`ModelConfig::breaker_threshold`]). `0` =
+    /// this model's breaker is off: its targets are never ejected or benched for failures, so
+    /// a failing target is called on every request (credential cooldowns after 401/403/429
+    /// still apply).
+    pub failure_threshold: Option<u32>,
+}
+
+impl ModelConfig {
+    /// The consecutive failures that eject one of this model's targets (0: breakers off).
+    pub fn breaker_threshold(&self, health: &HealthPolicy) -> u32 {
+        self.failure_threshold.unwrap_or(health.failure_threshold)
+    }
 }
 
 #[derive(Debug, Clone)]

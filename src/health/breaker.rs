@@ -150,25 +150,36 @@ impl TargetHealth {
 
     /// Re-admit at `restore_health` (a probe answered, or a half-open request succeeded).
     pub fn restore(&self, policy: &HealthPolicy) {
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let restored = (policy.restore_health * f64::from(FULL_HEALTH)).round() as u32;
         self.health
-            .store(restored.clamp(1, FULL_HEALTH), Ordering::Relaxed);
+            .store(restored_permille(policy), Ordering::Relaxed);
         self.consecutive_failures.store(0, Ordering::Relaxed);
         self.ejected_until.store(0, Ordering::Release);
     }
 
-    /// A failure counted against the target. `retry_after` is the provider's own wait, already
-    /// clamped; it ejects at once for exactly that long when the policy respects it.
+    /// A failure counted against the target. `threshold` is the model's `failure_threshold`
+    /// (0: the breaker is off and never ejects). `retry_after` is the provider's own wait,
+    /// already clamped; it ejects at once for exactly that long when the policy respects it.
     pub fn on_failure(
         &self,
         policy: &HealthPolicy,
+        threshold: u32,
         was_probe: bool,
         retry_after: Option<Duration>,
         now_ms: u64,
     ) -> Option<Transition> {
         self.window.record(false, now_ms);
         let consecutive = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if threshold == 0 {
+            // Breaker off. A target ejected before the breaker was switched off comes back.
+            if was_probe {
+                self.release_probe();
+            }
+            if self.ejected_until.load(Ordering::Acquire) != 0 {
+                self.restore(policy);
+                return Some(Transition::Restored);
+            }
+            return None;
+        }
         if was_probe {
             // The half-open probe failed: re-open with escalation.
             let t = self.eject(policy, None, now_ms, true);
@@ -178,7 +189,7 @@ impl TargetHealth {
         if let (Some(wait), true) = (retry_after, policy.respect_retry_after) {
             return self.eject(policy, Some(wait), now_ms, false);
         }
-        if consecutive >= policy.failure_threshold {
+        if consecutive >= threshold {
             return self.eject(policy, None, now_ms, false);
         }
         if policy.health_threshold > 0.0 {
@@ -229,6 +240,13 @@ impl TargetHealth {
         self.throughput.reset();
         self.window.reset();
     }
+}
+
+/// `restore_health` in permille: the share a re-admitted target starts with.
+pub fn restored_permille(policy: &HealthPolicy) -> u32 {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let restored = (policy.restore_health * f64::from(FULL_HEALTH)).round() as u32;
+    restored.clamp(1, FULL_HEALTH)
 }
 
 /// `cooldown × n`, capped by `max_ejection`.
@@ -354,8 +372,9 @@ impl DeploymentHealth {
 
     /// A model-scoped failure on any credential. Benches the deployment when `bench_after`
     /// of them fall inside `bench_window`.
+    /// `bench_after: 0` switches benching off.
     pub fn on_failure(&self, policy: &HealthPolicy, now_ms: u64) -> Option<Transition> {
-        if self.benched_until(now_ms).is_some() {
+        if policy.bench_after == 0 || self.benched_until(now_ms).is_some() {
             return None;
         }
         let n = self.failures.len();
@@ -399,10 +418,16 @@ mod tests {
         let p = policy();
         let t = TargetHealth::new(&p);
         let mut now = 1_000;
-        assert_eq!(t.on_failure(&p, false, None, now), None);
-        assert_eq!(t.on_failure(&p, false, None, now), None);
         assert_eq!(
-            t.on_failure(&p, false, None, now),
+            t.on_failure(&p, p.failure_threshold, false, None, now),
+            None
+        );
+        assert_eq!(
+            t.on_failure(&p, p.failure_threshold, false, None, now),
+            None
+        );
+        assert_eq!(
+            t.on_failure(&p, p.failure_threshold, false, None, now),
             Some(Transition::Ejected {
                 until_ms: now + 10_000
             })
@@ -422,7 +447,7 @@ mod tests {
             assert_eq!(t.state(now), BreakerState::HalfOpen);
             assert!(t.try_claim_probe());
             assert_eq!(
-                t.on_failure(&p, true, None, now),
+                t.on_failure(&p, p.failure_threshold, true, None, now),
                 Some(Transition::Ejected {
                     until_ms: now + expected
                 })
@@ -435,7 +460,7 @@ mod tests {
         let p = policy();
         let t = TargetHealth::new(&p);
         for _ in 0..3 {
-            t.on_failure(&p, false, None, 1_000);
+            t.on_failure(&p, p.failure_threshold, false, None, 1_000);
         }
         let now = 11_000;
         assert_eq!(t.state(now), BreakerState::HalfOpen);
@@ -453,7 +478,7 @@ mod tests {
         assert_eq!(t.health(), FULL_HEALTH);
         // The escalation was cleared: the next ejection is one cooldown again.
         for _ in 0..3 {
-            t.on_failure(&p, false, None, now);
+            t.on_failure(&p, p.failure_threshold, false, None, now);
         }
         assert_eq!(
             t.state(now),
@@ -467,11 +492,11 @@ mod tests {
     fn a_success_between_failures_resets_the_count() {
         let p = policy();
         let t = TargetHealth::new(&p);
-        t.on_failure(&p, false, None, 1);
-        t.on_failure(&p, false, None, 2);
+        t.on_failure(&p, p.failure_threshold, false, None, 1);
+        t.on_failure(&p, p.failure_threshold, false, None, 2);
         t.on_success(&p, false, 3);
-        t.on_failure(&p, false, None, 4);
-        t.on_failure(&p, false, None, 5);
+        t.on_failure(&p, p.failure_threshold, false, None, 4);
+        t.on_failure(&p, p.failure_threshold, false, None, 5);
         assert_eq!(t.state(6), BreakerState::Closed);
     }
 
@@ -480,7 +505,13 @@ mod tests {
         let p = policy();
         let t = TargetHealth::new(&p);
         assert_eq!(
-            t.on_failure(&p, false, Some(Duration::from_secs(4)), 1_000),
+            t.on_failure(
+                &p,
+                p.failure_threshold,
+                false,
+                Some(Duration::from_secs(4)),
+                1_000
+            ),
             Some(Transition::Ejected { until_ms: 5_000 })
         );
         assert_eq!(t.ejections(), 0, "a provider-stated wait does not escalate");
@@ -490,7 +521,13 @@ mod tests {
         };
         let u = TargetHealth::new(&ignoring);
         assert_eq!(
-            u.on_failure(&ignoring, false, Some(Duration::from_secs(4)), 1_000),
+            u.on_failure(
+                &ignoring,
+                ignoring.failure_threshold,
+                false,
+                Some(Duration::from_secs(4)),
+                1_000
+            ),
             None
         );
     }
@@ -507,7 +544,9 @@ mod tests {
         for i in 0..20 {
             now += 10;
             if i % 3 == 0 {
-                if let Some(Transition::Ejected { .. }) = t.on_failure(&p, false, None, now) {
+                if let Some(Transition::Ejected { .. }) =
+                    t.on_failure(&p, p.failure_threshold, false, None, now)
+                {
                     assert!(i >= 9, "not before {MIN_SAMPLES_FOR_RATE} samples");
                     return;
                 }
@@ -523,7 +562,7 @@ mod tests {
         let p = policy();
         let t = std::sync::Arc::new(TargetHealth::new(&p));
         for _ in 0..3 {
-            t.on_failure(&p, false, None, 1_000);
+            t.on_failure(&p, p.failure_threshold, false, None, 1_000);
         }
         let winners: usize = std::thread::scope(|s| {
             let handles: Vec<_> = (0..100)

@@ -1,15 +1,26 @@
 //! Health: what live traffic taught signalbox about each target, credential and deployment.
 //!
-//! The [`HealthRegistry`] holds one record per target (deployment × credential), per
-//! credential and per deployment, all atomics, in vectors indexed like the catalog. The
-//! request path reads it to admit or skip candidates and writes it when an attempt ends; the
-//! ranker reads it to build scored tables; the prober re-admits what it ejected. No lock
-//! anywhere.
+//! Two parts with different lifetimes:
+//! - [`HealthShared`] lives as long as the process: the clock, the notifier the ranker waits
+//!   on after a breaker transition, and degraded mode.
+//! - [`HealthRegistry`] holds the records of one catalog: one per target (deployment ×
+//!   credential), per credential and per deployment, all atomics behind `Arc`s, in vectors
+//!   indexed like that catalog so the request path reaches a record with one index. It
+//!   travels with the routing snapshot, so a request always reads records of the catalog it
+//!   planned with. A new catalog (a config reload) gets its registry from
+//!   [`HealthRegistry::carry_over`]: every record whose identity (provider id; model name and
+//!   upstream model; credential id) still exists moves over as the same `Arc`, new targets
+//!   start fresh, removed ones are dropped. Positions never identify a record across catalogs.
 //!
-//! What counts (DESIGN §5): connect errors, timeouts, resets, 5xx/529/408, empty streams and
-//! empty `choices` count against the target (and towards benching its deployment); 401/402/403
+//! The request path reads records to admit or skip candidates and writes them when an attempt
+//! ends; the ranker reads them to build scored tables; the prober re-admits what was ejected.
+//! No lock anywhere.
+//!
+//! What counts: connect errors, timeouts, resets, 5xx/529/408, empty streams and empty
+//! `choices` count against the target (and towards benching its deployment); 401/402/403
 //! eject the credential, not the model; 429 cools the credential. Caller errors and client
-//! cancellations never count.
+//! cancellations never count. A model whose `failure_threshold` is 0 has its breakers off:
+//! its targets are never ejected or benched for failures (credential cooldowns still apply).
 //!
 //! Ad-hoc direct deployments (`<provider>/<name>` outside the catalog) have no target record:
 //! only their credential's health applies.
@@ -17,10 +28,10 @@
 pub mod breaker;
 pub mod clock;
 pub mod degraded;
-pub mod export;
 pub mod probe;
 pub mod stats;
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +43,7 @@ use self::clock::Clock;
 use self::degraded::DegradedMode;
 use crate::catalog::{Catalog, DeploymentIdx, ProviderIdx};
 use crate::config::HealthPolicy;
-use crate::metrics::Outcome;
+use crate::retry::Outcome;
 
 /// How long the rate-limit factor takes to fade back to 1 after a 429.
 pub const RATE_LIMIT_FADE: Duration = Duration::from_secs(60);
@@ -116,19 +127,47 @@ pub enum Admission {
     No(Unavailable),
 }
 
-pub struct HealthRegistry {
-    pub policy: HealthPolicy,
+/// What outlives any one catalog: the clock, the transition notifier and degraded mode.
+pub struct HealthShared {
     pub clock: Arc<dyn Clock>,
-    targets: Vec<TargetHealth>,
-    /// First target index of each deployment.
-    target_base: Vec<usize>,
-    credentials: Vec<CredentialHealth>,
-    /// First credential index of each provider.
-    credential_base: Vec<usize>,
-    deployments: Vec<DeploymentHealth>,
     /// Poked on every breaker transition so the ranker re-ranks at once.
     pub transitions: Notify,
     pub degraded: DegradedMode,
+}
+
+impl std::fmt::Debug for HealthShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HealthShared").finish_non_exhaustive()
+    }
+}
+
+impl HealthShared {
+    pub fn new(clock: Arc<dyn Clock>, policy: &HealthPolicy) -> Arc<Self> {
+        Arc::new(Self {
+            clock,
+            transitions: Notify::new(),
+            degraded: DegradedMode::new(policy.degraded),
+        })
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+}
+
+/// The health records of one catalog, indexed like it.
+pub struct HealthRegistry {
+    pub policy: HealthPolicy,
+    pub shared: Arc<HealthShared>,
+    targets: Vec<Arc<TargetHealth>>,
+    /// First target index of each deployment.
+    target_base: Vec<usize>,
+    credentials: Vec<Arc<CredentialHealth>>,
+    /// First credential index of each provider.
+    credential_base: Vec<usize>,
+    deployments: Vec<Arc<DeploymentHealth>>,
+    /// Each deployment's breaker threshold (its model's `failure_threshold`; 0 = off).
+    thresholds: Vec<u32>,
 }
 
 impl std::fmt::Debug for HealthRegistry {
@@ -139,52 +178,225 @@ impl std::fmt::Debug for HealthRegistry {
     }
 }
 
+/// Where the records of a new registry come from.
+trait RecordSource {
+    fn target(
+        &mut self,
+        catalog: &Catalog,
+        d: DeploymentIdx,
+        credential: usize,
+    ) -> Option<Arc<TargetHealth>>;
+    fn credential(
+        &mut self,
+        catalog: &Catalog,
+        p: ProviderIdx,
+        credential: usize,
+    ) -> Option<Arc<CredentialHealth>>;
+    fn deployment(&mut self, catalog: &Catalog, d: DeploymentIdx) -> Option<Arc<DeploymentHealth>>;
+}
+
+/// Nothing to carry over: every record starts fresh.
+struct Fresh;
+
+impl RecordSource for Fresh {
+    fn target(&mut self, _: &Catalog, _: DeploymentIdx, _: usize) -> Option<Arc<TargetHealth>> {
+        None
+    }
+    fn credential(
+        &mut self,
+        _: &Catalog,
+        _: ProviderIdx,
+        _: usize,
+    ) -> Option<Arc<CredentialHealth>> {
+        None
+    }
+    fn deployment(&mut self, _: &Catalog, _: DeploymentIdx) -> Option<Arc<DeploymentHealth>> {
+        None
+    }
+}
+
+/// The records of a previous registry, found by identity.
+struct Previous<'a> {
+    registry: &'a HealthRegistry,
+    /// (model, provider, upstream model) → deployment of the previous catalog.
+    deployments: HashMap<(&'a str, &'a str, &'a str), DeploymentIdx>,
+    /// Provider id → provider of the previous catalog.
+    providers: HashMap<&'a str, &'a crate::catalog::Provider>,
+}
+
+impl<'a> Previous<'a> {
+    fn new(registry: &'a HealthRegistry, catalog: &'a Catalog) -> Self {
+        Self {
+            registry,
+            deployments: catalog
+                .deployments
+                .iter()
+                .filter_map(|d| catalog.deployment_key(d.idx).map(|k| (k, d.idx)))
+                .collect(),
+            providers: catalog.providers.iter().map(|p| (&*p.id, p)).collect(),
+        }
+    }
+
+    fn old_deployment(&self, catalog: &Catalog, d: DeploymentIdx) -> Option<DeploymentIdx> {
+        self.deployments.get(&catalog.deployment_key(d)?).copied()
+    }
+
+    /// The previous position of credential `credential` of provider `p` (by ids).
+    fn old_credential(
+        &self,
+        catalog: &Catalog,
+        p: ProviderIdx,
+        credential: usize,
+    ) -> Option<(ProviderIdx, usize)> {
+        let provider = catalog.provider(p);
+        let old = self.providers.get(&*provider.id)?;
+        let id = &provider.credentials.get(credential)?.id;
+        let ci = old.credentials.iter().position(|c| c.id == *id)?;
+        Some((old.idx, ci))
+    }
+}
+
+impl RecordSource for Previous<'_> {
+    fn target(
+        &mut self,
+        catalog: &Catalog,
+        d: DeploymentIdx,
+        credential: usize,
+    ) -> Option<Arc<TargetHealth>> {
+        let old_d = self.old_deployment(catalog, d)?;
+        let (_, old_c) =
+            self.old_credential(catalog, catalog.deployment(d).provider, credential)?;
+        let base = *self.registry.target_base.get(old_d.get())?;
+        self.registry.targets.get(base + old_c).cloned()
+    }
+    fn credential(
+        &mut self,
+        catalog: &Catalog,
+        p: ProviderIdx,
+        credential: usize,
+    ) -> Option<Arc<CredentialHealth>> {
+        let (old_p, old_c) = self.old_credential(catalog, p, credential)?;
+        self.registry.credential_arc(old_p, old_c)
+    }
+    fn deployment(&mut self, catalog: &Catalog, d: DeploymentIdx) -> Option<Arc<DeploymentHealth>> {
+        let old_d = self.old_deployment(catalog, d)?;
+        self.registry.deployments.get(old_d.get()).cloned()
+    }
+}
+
 impl HealthRegistry {
-    pub fn new(catalog: &Catalog, policy: HealthPolicy, clock: Arc<dyn Clock>) -> Self {
+    /// Fresh records for every target, credential and deployment of `catalog`.
+    pub fn new(catalog: &Catalog, policy: HealthPolicy, shared: Arc<HealthShared>) -> Self {
+        Self::build(catalog, policy, shared, &mut Fresh)
+    }
+
+    /// The registry for `to`, a rebuilt catalog: records of targets, credentials and
+    /// deployments that exist in both (by identity, not position) are the same records;
+    /// new ones start fresh; removed ones are dropped. `from` is the catalog this registry
+    /// was built for.
+    pub fn carry_over(&self, from: &Catalog, to: &Catalog, policy: HealthPolicy) -> Self {
+        let mut previous = Previous::new(self, from);
+        Self::build(to, policy, self.shared.clone(), &mut previous)
+    }
+
+    fn build(
+        catalog: &Catalog,
+        policy: HealthPolicy,
+        shared: Arc<HealthShared>,
+        source: &mut dyn RecordSource,
+    ) -> Self {
         let mut credential_base = Vec::with_capacity(catalog.providers.len());
-        let mut n_creds = 0;
+        let mut credentials = Vec::new();
         for p in &catalog.providers {
-            credential_base.push(n_creds);
-            n_creds += p.credentials.len();
+            credential_base.push(credentials.len());
+            for ci in 0..p.credentials.len() {
+                credentials.push(
+                    source
+                        .credential(catalog, p.idx, ci)
+                        .unwrap_or_else(|| Arc::new(CredentialHealth::default())),
+                );
+            }
         }
         let mut target_base = Vec::with_capacity(catalog.deployments.len());
-        let mut n_targets = 0;
+        let mut targets = Vec::new();
+        let mut deployments = Vec::with_capacity(catalog.deployments.len());
+        let mut thresholds = Vec::with_capacity(catalog.deployments.len());
         for d in &catalog.deployments {
-            target_base.push(n_targets);
-            n_targets += catalog.provider(d.provider).credentials.len();
+            target_base.push(targets.len());
+            for ci in 0..catalog.provider(d.provider).credentials.len() {
+                targets.push(
+                    source
+                        .target(catalog, d.idx, ci)
+                        .unwrap_or_else(|| Arc::new(TargetHealth::new(&policy))),
+                );
+            }
+            deployments.push(
+                source
+                    .deployment(catalog, d.idx)
+                    .unwrap_or_else(|| Arc::new(DeploymentHealth::new(&policy))),
+            );
+            thresholds.push(
+                d.model
+                    .and_then(|m| catalog.model(m).failure_threshold)
+                    .unwrap_or(policy.failure_threshold),
+            );
         }
         Self {
-            targets: (0..n_targets).map(|_| TargetHealth::new(&policy)).collect(),
-            target_base,
-            credentials: (0..n_creds).map(|_| CredentialHealth::default()).collect(),
-            credential_base,
-            deployments: (0..catalog.deployments.len())
-                .map(|_| DeploymentHealth::new(&policy))
-                .collect(),
-            transitions: Notify::new(),
-            degraded: DegradedMode::new(policy.degraded),
             policy,
-            clock,
+            shared,
+            targets,
+            target_base,
+            credentials,
+            credential_base,
+            deployments,
+            thresholds,
         }
     }
 
     pub fn now_ms(&self) -> u64 {
-        self.clock.now_ms()
+        self.shared.clock.now_ms()
+    }
+
+    pub fn clock(&self) -> &dyn Clock {
+        &*self.shared.clock
+    }
+
+    pub fn degraded(&self) -> &DegradedMode {
+        &self.shared.degraded
     }
 
     pub fn target(&self, t: TargetRef) -> Option<&TargetHealth> {
         let d = t.deployment?;
         self.targets
             .get(self.target_base.get(d.get())? + t.credential)
+            .map(|a| &**a)
     }
 
     pub fn credential(&self, p: ProviderIdx, credential: usize) -> Option<&CredentialHealth> {
         self.credentials
             .get(self.credential_base.get(p.get())? + credential)
+            .map(|a| &**a)
+    }
+
+    fn credential_arc(&self, p: ProviderIdx, credential: usize) -> Option<Arc<CredentialHealth>> {
+        self.credentials
+            .get(self.credential_base.get(p.get())? + credential)
+            .cloned()
     }
 
     pub fn deployment(&self, d: DeploymentIdx) -> Option<&DeploymentHealth> {
-        self.deployments.get(d.get())
+        self.deployments.get(d.get()).map(|a| &**a)
+    }
+
+    /// The health a target is restored at (`restore_health`), in permille.
+    pub fn restore_permille(&self) -> u32 {
+        breaker::restored_permille(&self.policy)
+    }
+
+    /// The breaker threshold of a deployment's targets (0: breakers off).
+    pub fn threshold(&self, d: Option<DeploymentIdx>) -> u32 {
+        d.and_then(|d| self.thresholds.get(d.get()).copied())
+            .unwrap_or(self.policy.failure_threshold)
     }
 
     /// Whether a target may take a request now (without claiming a probe slot).
@@ -266,11 +478,15 @@ impl HealthRegistry {
                 }
             }
             Scope::Target => {
+                let threshold = self.threshold(t.deployment);
                 if let Some(th) = target {
-                    transition = th.on_failure(policy, obs.probe, obs.retry_after, now);
+                    transition = th.on_failure(policy, threshold, obs.probe, obs.retry_after, now);
                 }
-                if let Some(d) = t.deployment.and_then(|d| self.deployment(d)) {
-                    transition = transition.or(d.on_failure(policy, now));
+                // A model whose breaker is off is not benched either.
+                if threshold > 0 {
+                    if let Some(d) = t.deployment.and_then(|d| self.deployment(d)) {
+                        transition = transition.or(d.on_failure(policy, now));
+                    }
                 }
             }
             Scope::CredentialRejected => {
@@ -302,7 +518,7 @@ impl HealthRegistry {
             }
         }
         if transition.is_some() {
-            self.transitions.notify_one();
+            self.shared.transitions.notify_one();
         }
         transition.is_some()
     }
@@ -343,7 +559,11 @@ impl HealthRegistry {
                     view.available = true;
                     view.health = view.health.max(health);
                 }
-                Admission::HalfOpen => {}
+                // Half-open keeps its ranked place: it is ranked as a target just restored.
+                Admission::HalfOpen => {
+                    view.available = true;
+                    view.health = view.health.max(self.restore_permille());
+                }
                 Admission::No(u) => {
                     let until = match u {
                         Unavailable::Ejected(x)
@@ -507,22 +727,14 @@ impl std::fmt::Debug for InflightGuard {
 mod tests {
     use super::clock::{Clock, ManualClock};
     use super::*;
-    use crate::config::KeySource;
+    use crate::testing::Fixture;
 
-    pub(crate) fn registry(
+    fn registry(
         text: &str,
         policy: HealthPolicy,
-    ) -> (Catalog, Arc<HealthRegistry>, Arc<ManualClock>) {
-        let config = crate::config::parse(text).expect("valid");
-        let resolve = |_: &str, p: u16| vec![std::net::SocketAddr::from(([127, 0, 0, 1], p))];
-        let read = |s: &KeySource| match s {
-            KeySource::Env(n) => Ok(Some(format!("k-{n}"))),
-            _ => Ok(None),
-        };
-        let (catalog, _) = Catalog::build(&config, &resolve, &read).expect("catalog");
-        let clock = Arc::new(ManualClock::new());
-        let reg = Arc::new(HealthRegistry::new(&catalog, policy, clock.clone()));
-        (catalog, reg, clock)
+    ) -> (Arc<Catalog>, Arc<HealthRegistry>, Arc<ManualClock>) {
+        let k = Fixture::with_health(text, |h| *h = policy);
+        (k.catalog, k.health, k.clock)
     }
 
     const TWO_KEYS: &str = r#"
@@ -668,5 +880,117 @@ models:
             reg.admission(t(0, 0), clock.now_ms()),
             Admission::Healthy { health: 500 }
         );
+    }
+
+    #[test]
+    fn a_rebuilt_catalog_keeps_the_records_of_the_targets_that_survive() {
+        let before = r#"
+providers:
+  a: { kind: openai, base_url: "http://127.0.0.1:1/v1", credentials: [{ id: k1, key_env: K1 }, { id: k2, key_env: K2 }] }
+  b: { kind: openai, base_url: "http://127.0.0.1:2/v1" }
+models:
+  m: { deployments: [{ provider: a, model: x }, { provider: b, model: y }] }
+  gone: { deployments: [{ provider: b, model: z }] }
+"#;
+        // The rebuilt config: a new provider first (every position shifts), `gone` removed,
+        // a new model added, key k1 removed from `a`.
+        let after = r#"
+providers:
+  aa: { kind: openai, base_url: "http://127.0.0.1:3/v1" }
+  a: { kind: openai, base_url: "http://127.0.0.1:1/v1", credentials: [{ id: k2, key_env: K2 }] }
+  b: { kind: openai, base_url: "http://127.0.0.1:2/v1" }
+models:
+  added: { deployments: [{ provider: aa, model: w }] }
+  m: { deployments: [{ provider: b, model: y }, { provider: a, model: x }] }
+"#;
+        let k = Fixture::with_health(before, |h| h.failure_threshold = 2);
+        let x_k2 = k.target("x", 1);
+        k.observe(x_k2, Outcome::ServerError);
+        k.observe(k.target("y", 0), Outcome::ServerError);
+        k.observe(k.target("y", 0), Outcome::ServerError);
+        k.observe(k.target("z", 0), Outcome::ServerError);
+        k.health.observe(
+            TargetRef {
+                credential: 1,
+                ..x_k2
+            },
+            &crate::testing::observation(Outcome::RateLimited),
+        );
+        let now = k.shared.now_ms();
+
+        let config = crate::config::parse(after).expect("valid");
+        let rebuilt = Fixture::catalog(&config);
+        let reg = k.health.carry_over(&k.catalog, &rebuilt, config.health);
+        let find = |upstream: &str| {
+            rebuilt
+                .deployments
+                .iter()
+                .find(|d| &*d.upstream_model == upstream)
+                .expect("deployment")
+        };
+        let (x, y, w) = (find("x"), find("y"), find("w"));
+        let t = |d: &crate::catalog::Deployment, c| TargetRef {
+            deployment: Some(d.idx),
+            provider: d.provider,
+            credential: c,
+        };
+        // x's k2 record moved with it, though x, a and k2 all changed position.
+        let xk2 = reg.target(t(x, 0)).expect("x k2");
+        assert_eq!(xk2.consecutive_failures(), 1);
+        assert!(reg
+            .credential(x.provider, 0)
+            .expect("k2")
+            .cooling_until(now)
+            .is_some());
+        // y stayed ejected; the new target w starts fresh.
+        assert!(matches!(
+            reg.admission(t(y, 0), now),
+            Admission::No(Unavailable::Ejected(_))
+        ));
+        let fresh = reg.target(t(w, 0)).expect("w");
+        assert_eq!(fresh.consecutive_failures(), 0);
+        assert_eq!(
+            reg.admission(t(w, 0), now),
+            Admission::Healthy {
+                health: FULL_HEALTH
+            }
+        );
+        // The surviving records are the same records, not copies: what the old registry sees
+        // next, the new one sees too.
+        k.observe(x_k2, Outcome::Timeout);
+        assert!(matches!(xk2.state(now), BreakerState::Open { .. }));
+    }
+
+    #[test]
+    fn a_model_whose_breaker_is_off_is_never_ejected_or_benched() {
+        let text = r#"
+providers:
+  a: { kind: openai, base_url: "http://127.0.0.1:1/v1" }
+models:
+  off: { failure_threshold: 0, deployments: [{ provider: a, model: x }] }
+  on: { deployments: [{ provider: a, model: y }] }
+"#;
+        let k = Fixture::with_health(text, |h| h.failure_threshold = 1);
+        for _ in 0..20 {
+            k.observe(k.target("x", 0), Outcome::ServerError);
+        }
+        // A Retry-After would eject a target with a breaker; this one has none.
+        k.health.observe(
+            k.target("x", 0),
+            &Observation {
+                retry_after: Some(Duration::from_secs(60)),
+                ..crate::testing::observation(Outcome::ServerError)
+            },
+        );
+        let now = k.shared.now_ms();
+        assert!(matches!(
+            k.health.admission(k.target("x", 0), now),
+            Admission::Healthy { .. }
+        ));
+        k.observe(k.target("y", 0), Outcome::ServerError);
+        assert!(matches!(
+            k.health.admission(k.target("y", 0), now),
+            Admission::No(Unavailable::Ejected(_))
+        ));
     }
 }

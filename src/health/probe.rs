@@ -22,8 +22,9 @@ use super::breaker::BreakerState;
 use super::{HealthRegistry, TargetRef};
 use crate::catalog::{Catalog, ProviderIdx};
 
-/// Where the prober finds the current catalog (it changes on reload).
-pub type CatalogSource = Arc<dyn Fn() -> Arc<Catalog> + Send + Sync>;
+/// Where background readers find the catalog serving traffic and its health records (both
+/// change on reload, together).
+pub type HealthSource = Arc<dyn Fn() -> (Arc<Catalog>, Arc<HealthRegistry>) + Send + Sync>;
 
 /// Lifetime probe counters, by result, for metrics.
 #[derive(Debug, Default)]
@@ -33,8 +34,7 @@ pub struct ProbeCounters {
 }
 
 pub struct Prober {
-    registry: Arc<HealthRegistry>,
-    catalog: CatalogSource,
+    source: HealthSource,
     connector: Arc<Connector>,
     pub counters: Arc<ProbeCounters>,
 }
@@ -49,38 +49,37 @@ pub enum ProbeResult {
 
 impl Prober {
     pub fn new(
-        registry: Arc<HealthRegistry>,
-        catalog: CatalogSource,
+        source: HealthSource,
         connector: Arc<Connector>,
         counters: Arc<ProbeCounters>,
     ) -> Self {
         Self {
-            registry,
-            catalog,
+            source,
             connector,
             counters,
         }
     }
 
     /// Targets that need a probe now, grouped by (provider, credential).
-    pub fn due(&self, catalog: &Catalog) -> HashMap<(ProviderIdx, usize), Vec<TargetRef>> {
-        let now = self.registry.now_ms();
+    pub fn due(
+        registry: &HealthRegistry,
+        catalog: &Catalog,
+    ) -> HashMap<(ProviderIdx, usize), Vec<TargetRef>> {
+        let now = registry.now_ms();
         let mut due: HashMap<(ProviderIdx, usize), Vec<TargetRef>> = HashMap::new();
-        for t in self.registry.targets_of(catalog) {
+        for t in registry.targets_of(catalog) {
             let provider = catalog.provider(t.provider);
             if !provider.enabled || !provider.credentials[t.credential].usable {
                 continue;
             }
-            let ejected = self
-                .registry
+            let ejected = registry
                 .target(t)
                 .is_some_and(|th| th.state(now) != BreakerState::Closed);
             let benched = t
                 .deployment
-                .and_then(|d| self.registry.deployment(d))
+                .and_then(|d| registry.deployment(d))
                 .is_some_and(|d| d.benched_until(now).is_some());
-            let rejected = self
-                .registry
+            let rejected = registry
                 .credential(t.provider, t.credential)
                 .is_some_and(|c| c.is_rejected() && c.cooling_until(now).is_some());
             if ejected || benched || rejected {
@@ -92,8 +91,8 @@ impl Prober {
 
     /// One pass: probe everything due, apply the answers.
     pub async fn run_once(&self) {
-        let catalog = (self.catalog)();
-        let due = self.due(&catalog);
+        let (catalog, registry) = (self.source)();
+        let due = Self::due(&registry, &catalog);
         let mut pending = tokio::task::JoinSet::new();
         for ((p, c), targets) in due {
             let provider_req = probe_request(&catalog, p, c);
@@ -111,32 +110,32 @@ impl Prober {
             let Ok((targets, result)) = joined else {
                 continue;
             };
-            self.apply(&targets, result);
+            self.apply(&registry, &targets, result);
         }
     }
 
     /// Apply a probe answer to the targets it covers.
-    pub fn apply(&self, targets: &[TargetRef], result: ProbeResult) {
-        let now = self.registry.now_ms();
+    pub fn apply(&self, registry: &HealthRegistry, targets: &[TargetRef], result: ProbeResult) {
+        let now = registry.now_ms();
         match result {
             ProbeResult::Ok => {
                 self.counters.ok.fetch_add(1, Ordering::Relaxed);
                 for t in targets {
-                    if let Some(th) = self.registry.target(*t) {
+                    if let Some(th) = registry.target(*t) {
                         if th.state(now) != BreakerState::Closed {
-                            th.restore(&self.registry.policy);
+                            th.restore(&registry.policy);
                         }
                     }
-                    if let Some(d) = t.deployment.and_then(|d| self.registry.deployment(d)) {
+                    if let Some(d) = t.deployment.and_then(|d| registry.deployment(d)) {
                         d.unbench();
                     }
-                    if let Some(c) = self.registry.credential(t.provider, t.credential) {
+                    if let Some(c) = registry.credential(t.provider, t.credential) {
                         if c.cooling_until(now).is_some() {
                             c.readmit();
                         }
                     }
                 }
-                self.registry.transitions.notify_one();
+                registry.shared.transitions.notify_one();
             }
             ProbeResult::Rejected | ProbeResult::Failed => {
                 self.counters.failed.fetch_add(1, Ordering::Relaxed);

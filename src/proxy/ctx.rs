@@ -16,9 +16,9 @@ use crate::adapters::openai::{ChatRequest, ResponseRewriter, StreamStats};
 use crate::catalog::ProviderIdx;
 use crate::error::GatewayError;
 use crate::health::{InflightGuard, Observation};
-use crate::metrics::Outcome;
-use crate::retry::FailureLog;
-use crate::routing::plan::{Advance, Plan, Target};
+use crate::retry::{Advance, FailureLog, Outcome};
+use crate::routing::lead::splitmix64;
+use crate::routing::plan::{Plan, Target};
 use crate::routing::{RouteIdx, Router, Tables};
 
 /// One upstream call.
@@ -67,8 +67,6 @@ pub struct RequestCtx {
     pub retry_after: Option<Duration>,
     /// Hash of `x-llm-session`, when the caller sent one.
     pub session: Option<u64>,
-    /// The first attempt took a half-open probe slot (the selected target was not healthy).
-    pub first_was_probe: bool,
     /// Upstream calls made (`x-llm-attempts`).
     pub attempts: u32,
     pub first_attempt_at: Option<Instant>,
@@ -111,7 +109,6 @@ impl RequestCtx {
             guard: None,
             retry_after: None,
             session: None,
-            first_was_probe: false,
             attempts: 0,
             first_attempt_at: None,
             status_outcome: None,
@@ -188,9 +185,12 @@ fn next_request_id() -> HeaderValue {
     let prefix = *PREFIX.get_or_init(process_seed);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let mixed = splitmix64(n ^ prefix.rotate_left(17));
+    let mut raw = [0u8; 16];
+    raw[..8].copy_from_slice(&prefix.to_be_bytes());
+    raw[8..].copy_from_slice(&mixed.to_be_bytes());
     let mut buf = [0u8; 32];
-    hex_into(&mut buf[..16], prefix);
-    hex_into(&mut buf[16..], mixed);
+    // Cannot fail: the output is exactly twice the input.
+    let _ = hex::encode_to_slice(raw, &mut buf);
     HeaderValue::from_bytes(&buf).unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
 
@@ -206,20 +206,6 @@ fn process_seed() -> u64 {
     );
     h.write_u32(std::process::id());
     h.finish()
-}
-
-fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-fn hex_into(out: &mut [u8], v: u64) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for (i, slot) in out.iter_mut().enumerate().take(16) {
-        *slot = HEX[((v >> (60 - 4 * i)) & 0xf) as usize];
-    }
 }
 
 #[cfg(test)]

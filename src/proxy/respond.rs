@@ -78,6 +78,10 @@ pub mod names {
     pub const X_LLM_ROUTE: HeaderName = HeaderName::from_static("x-llm-route");
     /// Request: the caller's sticky-session id.
     pub const X_LLM_SESSION: HeaderName = HeaderName::from_static("x-llm-session");
+    /// Request: `off` turns weighted/complexity selection off.
+    pub const X_LLM_ROUTER: HeaderName = HeaderName::from_static("x-llm-router");
+    /// Request: the caller's labels for routing rules.
+    pub const X_LLM_METADATA: HeaderName = HeaderName::from_static("x-llm-metadata");
     pub const X_LLM_ROUTING_REASON: HeaderName = HeaderName::from_static("x-llm-routing-reason");
     pub const X_LLM_ATTEMPTS: HeaderName = HeaderName::from_static("x-llm-attempts");
     pub const X_LLM_FALLBACK: HeaderName = HeaderName::from_static("x-llm-fallback");
@@ -141,18 +145,17 @@ pub fn add_routing_headers(
         if let Some(route) = ctx.route {
             let route = tables.route(route);
             headers.insert(names::X_LLM_ROUTE, route.header.clone());
-            if let Some(reason) = routing_reason(ctx, tables, plan) {
+            if let Some(reason) = routing_reason(tables, plan) {
                 headers.insert(names::X_LLM_ROUTING_REASON, reason);
             }
         }
         headers.insert(names::X_LLM_ATTEMPTS, HeaderValue::from(ctx.attempts));
+        // A fallback: another candidate than the plan's first served (the first failed, or
+        // was skipped without a call). Another key of the same deployment is not one.
+        let fallback = plan.first_position() != Some(served.target.position);
         headers.insert(
             names::X_LLM_FALLBACK,
-            HeaderValue::from_static(if served.target.position == 0 {
-                "false"
-            } else {
-                "true"
-            }),
+            HeaderValue::from_static(if fallback { "true" } else { "false" }),
         );
         if let Some(timing) = server_timing(ctx, now) {
             headers.insert(names::SERVER_TIMING, timing);
@@ -186,39 +189,22 @@ impl ValueBuf {
     }
 
     /// Append a number in decimal, without the formatting machinery.
-    fn push_u64(&mut self, mut v: u64) {
-        let mut digits = [0u8; 20];
-        let mut at = digits.len();
-        loop {
-            at -= 1;
-            // A remainder of 10 is below 10: the cast cannot truncate.
-            digits[at] = b'0' + (v % 10) as u8;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        self.push(&digits[at..]);
-    }
-
-    fn push_i64(&mut self, v: i64) {
-        if v < 0 {
-            self.push(b"-");
-        }
-        self.push_u64(v.unsigned_abs());
+    fn push_int(&mut self, v: impl itoa::Integer) {
+        self.push(itoa::Buffer::new().format(v).as_bytes());
     }
 
     /// Append a duration in milliseconds rounded to a tenth (`12.3`).
     fn push_tenths_ms(&mut self, d: std::time::Duration) {
         let tenths = u64::try_from((d.as_micros() + 50) / 100).unwrap_or(u64::MAX);
-        self.push_u64(tenths / 10);
+        self.push_int(tenths / 10);
         self.push(&[b'.', b'0' + (tenths % 10) as u8]);
     }
 }
 
 /// `strategy=… selected=… priority=… cost_micro=… healthy=… fallbacks=…`: the decision as it
-/// stood before the first attempt.
-fn routing_reason(ctx: &RequestCtx, tables: &Tables, plan: &Plan) -> Option<HeaderValue> {
+/// stood before the first attempt: the plan's first (what the strategy put first), whether
+/// its breaker was closed, and the providers behind it.
+fn routing_reason(tables: &Tables, plan: &Plan) -> Option<HeaderValue> {
     let catalog = &tables.catalog;
     let mut out = ValueBuf::new();
     out.push(b"strategy=");
@@ -231,14 +217,13 @@ fn routing_reason(ctx: &RequestCtx, tables: &Tables, plan: &Plan) -> Option<Head
         out.push(b" selected=");
         out.push(catalog.provider(first.provider).id.as_bytes());
         out.push(b" priority=");
-        out.push_i64(i64::from(first.priority));
+        out.push_int(first.priority);
         out.push(b" cost_micro=");
-        out.push_u64(cost);
-        // The selected target was healthy unless it was taken as a half-open probe.
-        out.push(if ctx.first_was_probe {
-            b" healthy=false fallbacks="
-        } else {
+        out.push_int(cost);
+        out.push(if plan.first_was_healthy() {
             b" healthy=true fallbacks="
+        } else {
+            b" healthy=false fallbacks="
         });
         // Remaining candidates' providers, in order, each once (bounded: a header, not a dump).
         let mut listed = [first.provider; 9];
@@ -325,7 +310,7 @@ mod tests {
         for _ in 0..50 {
             buf.push(b"abcdefgh");
         }
-        buf.push_u64(u64::MAX);
+        buf.push_int(u64::MAX);
         let value = buf.value().expect("visible ASCII");
         assert_eq!(value.len(), 192);
     }

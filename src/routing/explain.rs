@@ -1,10 +1,14 @@
 //! `signalbox explain MODEL`: the plan a request would get, printed without calling anyone.
-//! The same resolution and plan code as the request path, so what it prints is what happens.
+//!
+//! The same resolution and the same plan walk as the request path, with health as it stands
+//! now; only the side effects the proxy applies (claiming a half-open probe slot, rotating a
+//! credential cursor) are left out, so explaining changes nothing.
 
 use std::fmt::Write;
 
-use super::plan::{Advance, Plan, PlanEnv, RequestFacts, SkipReason};
+use super::plan::{Plan, PlanEnv, RequestFacts, SkipReason};
 use super::{resolve, Resolution, Router};
+use crate::retry::Advance;
 
 /// A human-readable plan for `model`, as health stands now.
 pub fn explain(router: &Router, model: &str) -> String {
@@ -32,7 +36,7 @@ pub fn explain(router: &Router, model: &str) -> String {
         }
         Resolution::Adhoc { deployment, .. } => Plan::adhoc(deployment, facts),
     };
-    let _ = writeln!(out, "candidates:");
+    let _ = writeln!(out, "candidates (ranked):");
     for pos in 0..plan.len() {
         let Some(d) = plan.deployment(&t.catalog, pos) else {
             continue;
@@ -48,18 +52,9 @@ pub fn explain(router: &Router, model: &str) -> String {
             },
         );
         let usable = p.credentials.iter().filter(|c| c.usable).count();
-        let state = if !p.enabled {
-            "skipped: provider disabled"
-        } else if usable == 0 {
-            "skipped: no usable credential"
-        } else if p.addrs.snapshot().is_empty() {
-            "skipped: host not resolved"
-        } else {
-            "eligible"
-        };
         let _ = writeln!(
             out,
-            "  {}. {} (priority {}, {price}, {usable}/{} credentials) {state}",
+            "  {}. {} (priority {}, {price}, {usable}/{} credentials)",
             pos + 1,
             d.routed_via.to_str().unwrap_or("?"),
             d.priority,
@@ -68,29 +63,64 @@ pub fn explain(router: &Router, model: &str) -> String {
     }
     let env = PlanEnv {
         catalog: &t.catalog,
-        health: &router.health,
+        health: &t.health,
         now_ms: router.health.now_ms(),
         degraded: router.health.degraded.is_degraded(),
     };
-    let first = plan.next(&env, Advance::NextDeployment);
-    match first {
-        Some(target) => {
+    let mut order = Vec::new();
+    while let Some(choice) = plan.next(&env, Advance::NextDeployment) {
+        plan.commit(&choice);
+        order.push(choice.target);
+    }
+    if let Some(first) = plan
+        .first_position()
+        .and_then(|p| plan.deployment(&t.catalog, p))
+    {
+        let _ = writeln!(
+            out,
+            "first:    {} ({})",
+            first.routed_via.to_str().unwrap_or("?"),
+            if plan.first_was_healthy() {
+                "healthy"
+            } else {
+                "not healthy now"
+            }
+        );
+    }
+    if order.is_empty() {
+        let _ = writeln!(out, "no attempt possible now");
+    } else {
+        let _ = writeln!(out, "attempt order if each fails:");
+        for (i, target) in order.iter().enumerate() {
             let d = plan.deployment(&t.catalog, target.position);
             let _ = writeln!(
                 out,
-                "first attempt: {}",
-                d.and_then(|d| d.routed_via.to_str().ok()).unwrap_or("?")
+                "  {}. {}{}",
+                i + 1,
+                d.and_then(|d| d.routed_via.to_str().ok()).unwrap_or("?"),
+                if target.probe {
+                    " (half-open probe)"
+                } else {
+                    ""
+                }
             );
         }
-        None => {
-            let _ = writeln!(
-                out,
-                "no attempt possible ({} without credentials, {} disabled, {} unresolved)",
-                plan.skipped(SkipReason::NoCredential),
-                plan.skipped(SkipReason::ProviderDisabled),
-                plan.skipped(SkipReason::Unresolved),
-            );
-        }
+    }
+    let skipped: Vec<String> = [
+        (SkipReason::ProviderDisabled, "provider disabled"),
+        (SkipReason::NoCredential, "no usable credential"),
+        (SkipReason::Unresolved, "host not resolved"),
+        (SkipReason::Excluded, "excluded"),
+        (SkipReason::Ejected, "ejected"),
+        (SkipReason::Benched, "benched"),
+        (SkipReason::CredentialCooling, "credential cooling"),
+    ]
+    .iter()
+    .filter(|(r, _)| plan.skipped(*r) > 0)
+    .map(|(r, what)| format!("{} {what}", plan.skipped(*r)))
+    .collect();
+    if !skipped.is_empty() {
+        let _ = writeln!(out, "skipped:  {}", skipped.join(", "));
     }
     out
 }

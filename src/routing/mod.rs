@@ -1,11 +1,15 @@
 //! Deciding where a request goes: resolve the `model` string to a route, then walk the
 //! route's candidates one target (deployment × credential) at a time.
 //!
-//! Everything here is a pure function of the routing snapshot ([`table::Tables`]) and the
-//! request's facts; `proxy` only connects it to Pingora's hooks. That keeps the decisions
-//! unit-testable and benchable without a socket.
+//! Everything here is a pure function of the routing snapshot ([`table::Tables`]), live
+//! health and the request's facts: [`scoring`] orders candidates by a strategy, [`lead`]
+//! makes the per-request first pick, [`plan`] walks them; [`rank`] keeps the shared orders
+//! current in the background. `proxy` only connects it to Pingora's hooks and applies what the
+//! plan claims. That keeps the decisions unit-testable and benchable without a socket, and
+//! lets `explain` run the very same walk.
 
 pub mod explain;
+pub mod lead;
 pub mod plan;
 pub mod rank;
 pub mod scoring;
@@ -16,7 +20,7 @@ use std::sync::Arc;
 
 use crate::catalog::{Deployment, ProviderIdx};
 pub use crate::config::Strategy;
-pub use plan::{Plan, PlanEnv, RequestFacts, SkipReason, Target};
+pub use plan::{Choice, Plan, PlanEnv, RequestFacts, SkipReason, Target};
 pub use rank::{Rankings, Router};
 pub use table::{Route, RouteIdx, RouteKind, Tables};
 
@@ -112,10 +116,7 @@ fn non_empty(t: &Tables, r: RouteIdx, empty: ResolveError) -> Result<Resolution,
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::catalog::Catalog;
-    use crate::config::KeySource;
-    use crate::metrics::Metrics;
-    use std::net::SocketAddr;
+    use crate::testing::Fixture;
 
     pub const CONFIG: &str = r#"
 providers:
@@ -144,15 +145,7 @@ active_chain: default
 "#;
 
     pub fn tables_from(text: &str) -> Tables {
-        let config = crate::config::parse(text).expect("valid config");
-        let resolve = |_: &str, port: u16| vec![SocketAddr::from(([127, 0, 0, 1], port))];
-        let read = |s: &KeySource| match s {
-            KeySource::Env(n) => Ok(Some(format!("key-{n}"))),
-            _ => Ok(None),
-        };
-        let (catalog, _) = Catalog::build(&config, &resolve, &read).expect("catalog");
-        let metrics = Metrics::new().expect("metrics");
-        Tables::build(&config, Arc::new(catalog), &metrics, 1)
+        Fixture::new(text).tables()
     }
 
     fn routed_via(t: &Tables, res: &Resolution) -> Vec<String> {

@@ -1,33 +1,48 @@
 //! A request's plan: the route's ranked candidates walked one target at a time, against live
 //! health.
 //!
-//! A candidate is a deployment; a target is a deployment with one credential chosen. The walk
-//! has three phases:
-//! 1. **lead**: the candidate a per-request decision put first: a sticky session, a
-//!    load-balancing pick (round robin, random, least in-flight, p2c, weighted draw, prefix
-//!    affinity) among the healthy candidates of the best priority, or the cheapest for this
-//!    request's estimated tokens;
-//! 2. **healthy**: the rest in ranked order, closed breakers only. A recovering target (health
-//!    below full after a restore) is admitted with probability = its health, so it earns its
-//!    share back; otherwise it is deferred;
-//! 3. **probe**: deferred candidates, then half-open targets, each only if it wins its single
-//!    probe slot. Skipped in degraded mode (no exploration).
+//! A candidate is a deployment; a target is a deployment with one credential chosen. The
+//! ranked order comes from the strategy alone (the scored tables do not reorder by health);
+//! health is applied here, as the walk goes, so that what a request sees is always current.
+//! The walk has three phases:
+//! 1. **lead**: the candidate a per-request decision put first (see [`super::lead`]): a sticky
+//!    session, a load-balancing pick among the admissible candidates of the best priority,
+//!    the cheapest for this request's tokens, or an exploration pick for learned strategies;
+//! 2. **ranked**: the rest in ranked order. A closed breaker is called; a recovering target
+//!    (health below full after a restore) is admitted with probability = its health, so it
+//!    earns its share back, and is otherwise deferred; a **half-open** target (its cooldown
+//!    over, no success since) keeps its ranked place as a probe: the caller must win its
+//!    single probe slot, and a request that loses it moves on. Ejected, benched and cooling
+//!    targets are skipped without a call, their reason and when they free up kept;
+//! 3. **deferred**: recovering candidates that lost their draw, in order.
 //!
-//! Credentials are a separate, later choice (seed `000`): round-robin across a provider's
-//! usable, non-cooling keys; after a credential-scoped failure (401/403/429) the same
-//! deployment is tried with its next key before the walk moves on. A target is never tried
-//! twice in one request. A candidate that cannot be called is skipped without a call and its
-//! reason kept (and, for ejections, when it frees up: the `Retry-After` of a fail-fast 503).
+//! Degraded mode turns exploration off: no load-balancing or exploration picks, no half-open
+//! probes, recovering targets admitted without a draw.
+//!
+//! Credentials are a separate, later choice: round robin across a provider's usable,
+//! non-cooling keys; after a credential-scoped failure (401/403/429) the same deployment is
+//! tried with its next key before the walk moves on. A target is never tried twice.
+//!
+//! Deciding stays pure: [`Plan::next`] reads the catalog and health and changes nothing but
+//! the plan itself. What the caller must apply — claiming a half-open probe slot, advancing a
+//! provider's credential cursor — comes back in the [`Choice`]; the caller confirms with
+//! [`Plan::commit`] (or [`Plan::probe_lost`]). The same walk therefore answers `explain`.
+//!
+//! The plan's *first* is what this request's strategy put first — its lead pick, or else the
+//! first eligible candidate in ranked order, healthy or not. `x-llm-fallback` is `true` when
+//! another candidate served, whether the first failed or was skipped without a call.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::lead::{self, splitmix64};
 use super::scoring::cost_micro;
-use super::session::stable_hash;
+use crate::catalog::stable_hash;
 use crate::catalog::{Catalog, Deployment, DeploymentIdx, ProviderIdx};
 use crate::config::Strategy;
 use crate::health::breaker::FULL_HEALTH;
 use crate::health::{Admission, HealthRegistry, TargetRef, Unavailable};
+use crate::retry::{Advance, NoCall};
 
 /// Why a candidate was passed over without a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,17 +64,19 @@ pub struct Target {
     /// Position of the deployment in the plan.
     pub position: usize,
     pub credential: usize,
-    /// This attempt holds the target's half-open probe slot.
+    /// This attempt is the target's half-open probe (the caller holds its slot).
     pub probe: bool,
 }
 
-/// Where the plan should look next after a failure.
+/// What [`Plan::next`] decided, with what the caller must apply before calling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Advance {
-    /// Another credential of the same deployment, then the next deployment.
-    NextCredential,
-    /// The next deployment.
-    NextDeployment,
+pub struct Choice {
+    pub target: Target,
+    /// The target in health's terms (for claiming the probe slot).
+    pub health_ref: TargetRef,
+    /// The provider whose credential cursor to advance, so the next request starts at its
+    /// next key.
+    pub rotate: ProviderIdx,
 }
 
 /// What the plan reads: the catalog, live health and the time.
@@ -79,8 +96,9 @@ pub struct RequestFacts {
     pub output_tokens: u64,
     /// Hash of the prompt prefix (`prefix_affinity`).
     pub prefix_hash: Option<u64>,
-    /// The deployment a sticky session is bound to.
-    pub session: Option<DeploymentIdx>,
+    /// The deployment a sticky session is bound to (its identity, as the session table
+    /// stores it).
+    pub session: Option<u64>,
     /// This request's turn of the route's round-robin counter.
     pub round_robin: usize,
     /// Seed of the per-request random draws.
@@ -96,9 +114,19 @@ enum Candidates {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Lead,
-    Healthy,
-    Probe,
+    Ranked,
+    Deferred,
     Done,
+}
+
+/// Which kind of admission a credential pick accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// At the candidate's ranked place: closed breakers (recovering ones by a draw) and
+    /// half-open probes.
+    InRank,
+    /// A deferred candidate: any closed breaker.
+    Deferred,
 }
 
 /// Per-request walk over a route's candidates.
@@ -112,11 +140,14 @@ pub struct Plan {
     lead: Option<usize>,
     phase: Phase,
     cursor: usize,
-    /// Position of the deployment of the last target returned.
+    /// Position of the deployment of the last committed target.
     current: Option<usize>,
     tried: Vec<(usize, usize)>,
     deferred: Vec<usize>,
+    /// The plan's first: the lead, or the first eligible candidate in ranked order.
     first: Option<usize>,
+    /// Whether the plan's first could take a request (a closed breaker) when decided.
+    first_healthy: bool,
     skipped: [u16; SKIP_REASONS],
     soonest_ms: Option<u64>,
     rng: u64,
@@ -141,9 +172,10 @@ impl Plan {
             phase: Phase::Lead,
             cursor: 0,
             current: None,
-            tried: Vec::new(),
+            tried: Vec::with_capacity(2),
             deferred: Vec::new(),
             first: None,
+            first_healthy: false,
             skipped: [0; SKIP_REASONS],
             soonest_ms: None,
             rng: splitmix64(facts.seed | 1),
@@ -186,9 +218,14 @@ impl Plan {
         }
     }
 
-    /// The position of the first target the plan returned (the "selected" candidate).
+    /// The plan's first (what the strategy put first for this request), once decided.
     pub fn first_position(&self) -> Option<usize> {
         self.first
+    }
+
+    /// Whether the plan's first had a closed breaker when the plan decided it.
+    pub fn first_was_healthy(&self) -> bool {
+        self.first_healthy
     }
 
     /// How many candidates were skipped for a reason.
@@ -196,31 +233,50 @@ impl Plan {
         self.skipped[reason as usize]
     }
 
+    /// Why nothing could be called, for a plan that produced no target.
+    pub fn no_call(&self) -> NoCall {
+        if self.skipped(SkipReason::NoCredential) > 0
+            && self.skipped(SkipReason::ProviderDisabled) == 0
+            && self.skipped(SkipReason::Unresolved) == 0
+        {
+            NoCall::NotConfigured
+        } else {
+            NoCall::Unavailable
+        }
+    }
+
     /// When the soonest skipped (ejected, benched or cooling) candidate frees up.
     pub fn soonest_ms(&self) -> Option<u64> {
         self.soonest_ms
     }
 
-    /// The next target to call, or `None` when the plan is exhausted.
-    pub fn next(&mut self, env: &PlanEnv<'_>, advance: Advance) -> Option<Target> {
+    /// The next target to call, or `None` when the plan is exhausted. Changes nothing outside
+    /// the plan: apply the [`Choice`] (claim a probe slot, advance the credential cursor),
+    /// then [`commit`](Self::commit) it, or report a lost probe with
+    /// [`probe_lost`](Self::probe_lost) and ask again.
+    pub fn next(&mut self, env: &PlanEnv<'_>, advance: Advance) -> Option<Choice> {
         if let (Some(pos), Advance::NextCredential) = (self.current, advance) {
-            let probe_phase = self.phase == Phase::Probe;
-            if let Some(t) = self.pick_credential(env, pos, probe_phase) {
-                return Some(self.returned(t));
+            let pass = if self.phase == Phase::Deferred {
+                Pass::Deferred
+            } else {
+                Pass::InRank
+            };
+            if let Some(c) = self.pick_credential(env, pos, pass) {
+                return Some(c);
             }
         }
         loop {
             match self.phase {
                 Phase::Lead => {
-                    self.phase = Phase::Healthy;
-                    self.lead = self.decide_lead(env);
+                    self.phase = Phase::Ranked;
+                    self.decide_first(env);
                     if let Some(pos) = self.lead {
-                        if let Some(t) = self.pick_credential(env, pos, false) {
-                            return Some(self.returned(t));
+                        if let Some(c) = self.pick_credential(env, pos, Pass::InRank) {
+                            return Some(c);
                         }
                     }
                 }
-                Phase::Healthy => {
+                Phase::Ranked => {
                     while self.cursor < self.len() {
                         let pos = self.cursor;
                         self.cursor += 1;
@@ -230,25 +286,24 @@ impl Plan {
                         match self.gate(env, pos) {
                             Err(reason) => self.skip(reason),
                             Ok(()) => {
-                                if let Some(t) = self.pick_credential(env, pos, false) {
-                                    return Some(self.returned(t));
+                                if let Some(c) = self.pick_credential(env, pos, Pass::InRank) {
+                                    return Some(c);
                                 }
-                                self.note_unavailable(env, pos);
+                                if !self.deferred.contains(&pos) {
+                                    self.note_unavailable(env, pos);
+                                }
                             }
                         }
                     }
-                    self.phase = Phase::Probe;
+                    self.phase = Phase::Deferred;
                     self.cursor = 0;
                 }
-                Phase::Probe => {
-                    while self.cursor < self.len() {
-                        let pos = self.cursor;
+                Phase::Deferred => {
+                    while self.cursor < self.deferred.len() {
+                        let pos = self.deferred[self.cursor];
                         self.cursor += 1;
-                        if self.gate(env, pos).is_err() {
-                            continue;
-                        }
-                        if let Some(t) = self.pick_credential(env, pos, true) {
-                            return Some(self.returned(t));
+                        if let Some(c) = self.pick_credential(env, pos, Pass::Deferred) {
+                            return Some(c);
                         }
                     }
                     self.phase = Phase::Done;
@@ -258,11 +313,17 @@ impl Plan {
         }
     }
 
-    fn returned(&mut self, t: Target) -> Target {
-        self.current = Some(t.position);
-        self.first.get_or_insert(t.position);
-        self.tried.push((t.position, t.credential));
-        t
+    /// The caller is about to call this choice's target.
+    pub fn commit(&mut self, choice: &Choice) {
+        self.current = Some(choice.target.position);
+        self.tried
+            .push((choice.target.position, choice.target.credential));
+    }
+
+    /// The caller could not claim the probe slot of this choice's half-open target (another
+    /// request holds it): the target is skipped.
+    pub fn probe_lost(&mut self, _choice: &Choice) {
+        self.skip(SkipReason::Ejected);
     }
 
     fn skip(&mut self, reason: SkipReason) {
@@ -273,15 +334,15 @@ impl Plan {
         self.soonest_ms = Some(self.soonest_ms.map_or(until, |s| s.min(until)));
     }
 
-    /// Deployment-level checks: allowed, provider enabled and resolved, model not benched.
-    fn gate(&mut self, env: &PlanEnv<'_>, pos: usize) -> Result<(), SkipReason> {
+    /// Static eligibility: allowed for this request, provider enabled and resolved, a usable
+    /// credential. Health plays no part.
+    fn eligible(&self, env: &PlanEnv<'_>, pos: usize) -> Result<(), SkipReason> {
         let Some(d) = self.deployment(env.catalog, pos) else {
             return Err(SkipReason::Excluded);
         };
-        let (provider_idx, dep_idx, is_adhoc) = (d.provider, d.idx, d.model.is_none());
-        let p = env.catalog.provider(provider_idx);
+        let p = env.catalog.provider(d.provider);
         if let Some(allowed) = &self.allowed {
-            if !allowed.contains(&provider_idx) {
+            if !allowed.contains(&d.provider) {
                 return Err(SkipReason::Excluded);
             }
         }
@@ -291,10 +352,22 @@ impl Plan {
         if p.addrs.is_empty() {
             return Err(SkipReason::Unresolved);
         }
-        if !is_adhoc {
+        if !p.has_usable_credential() {
+            return Err(SkipReason::NoCredential);
+        }
+        Ok(())
+    }
+
+    /// Deployment-level checks before any credential: eligible and the model not benched.
+    fn gate(&mut self, env: &PlanEnv<'_>, pos: usize) -> Result<(), SkipReason> {
+        self.eligible(env, pos)?;
+        let Some(d) = self.deployment(env.catalog, pos) else {
+            return Err(SkipReason::Excluded);
+        };
+        if d.model.is_some() {
             if let Some(until) = env
                 .health
-                .deployment(dep_idx)
+                .deployment(d.idx)
                 .and_then(|h| h.benched_until(env.now_ms))
             {
                 self.note_soonest(until);
@@ -311,13 +384,9 @@ impl Plan {
         };
         let (provider_idx, dep) = (d.provider, d.model.map(|_| d.idx));
         let p = env.catalog.provider(provider_idx);
-        if !p.credentials.iter().any(|c| c.usable) {
-            self.skip(SkipReason::NoCredential);
-            return;
-        }
         let mut reason = None;
         for (ci, c) in p.credentials.iter().enumerate() {
-            if !c.usable {
+            if !c.usable || self.tried.contains(&(pos, ci)) {
                 continue;
             }
             let t = TargetRef {
@@ -325,111 +394,101 @@ impl Plan {
                 provider: provider_idx,
                 credential: ci,
             };
-            match env.health.admission(t, env.now_ms) {
-                Admission::No(Unavailable::Ejected(u)) => {
-                    self.note_soonest(u);
-                    reason = reason.or(Some(SkipReason::Ejected));
-                }
+            let (why, until) = match env.health.admission(t, env.now_ms) {
+                Admission::No(Unavailable::Ejected(u)) => (SkipReason::Ejected, Some(u)),
                 Admission::No(Unavailable::CredentialCooling(u)) => {
-                    self.note_soonest(u);
-                    reason = reason.or(Some(SkipReason::CredentialCooling));
+                    (SkipReason::CredentialCooling, Some(u))
                 }
-                Admission::No(Unavailable::Benched(u)) => {
-                    self.note_soonest(u);
-                    reason = reason.or(Some(SkipReason::Benched));
-                }
+                Admission::No(Unavailable::Benched(u)) => (SkipReason::Benched, Some(u)),
                 Admission::No(Unavailable::ProbeBusy) | Admission::HalfOpen => {
-                    reason = reason.or(Some(SkipReason::Ejected));
+                    (SkipReason::Ejected, None)
                 }
-                Admission::Healthy { .. } => {}
+                Admission::Healthy { .. } => continue,
+            };
+            if let Some(u) = until {
+                self.note_soonest(u);
             }
+            reason = reason.or(Some(why));
         }
         if let Some(r) = reason {
             self.skip(r);
         }
     }
 
-    /// Choose an untried credential of the deployment at `pos`. In the healthy phases only
-    /// closed breakers qualify (recovering ones by a draw); in the probe phase, deferred
-    /// recovering targets and half-open targets whose probe slot this request wins.
-    fn pick_credential(
-        &mut self,
-        env: &PlanEnv<'_>,
+    fn choice(
+        (provider, deployment): (ProviderIdx, Option<DeploymentIdx>),
         pos: usize,
-        probe_phase: bool,
-    ) -> Option<Target> {
+        ci: usize,
+        probe: bool,
+    ) -> Choice {
+        Choice {
+            target: Target {
+                position: pos,
+                credential: ci,
+                probe,
+            },
+            health_ref: TargetRef {
+                deployment,
+                provider,
+                credential: ci,
+            },
+            rotate: provider,
+        }
+    }
+
+    /// Choose an untried credential of the deployment at `pos`, starting at the provider's
+    /// rotation cursor.
+    fn pick_credential(&mut self, env: &PlanEnv<'_>, pos: usize, pass: Pass) -> Option<Choice> {
         let d = self.deployment(env.catalog, pos)?;
-        let (provider_idx, dep) = (d.provider, d.model.map(|_| d.idx));
-        let p = env.catalog.provider(provider_idx);
+        let d = (d.provider, d.model.map(|_| d.idx));
+        let p = env.catalog.provider(d.0);
         let n = p.credentials.len();
         if n == 0 {
             return None;
         }
-        let start = p.credential_cursor.fetch_add(1, Ordering::Relaxed);
-        let deferred = self.deferred.contains(&pos);
+        let start = p.credential_cursor.load(Ordering::Relaxed);
         // A recovering credential found on the way, taken only if no full-health one is.
         let mut recovering: Option<(usize, u32)> = None;
+        let mut half_open: Option<usize> = None;
         for k in 0..n {
             let ci = (start + k) % n;
             if !p.credentials[ci].usable || self.tried.contains(&(pos, ci)) {
                 continue;
             }
             let t = TargetRef {
-                deployment: dep,
-                provider: provider_idx,
+                deployment: d.1,
+                provider: d.0,
                 credential: ci,
             };
             match env.health.admission(t, env.now_ms) {
                 Admission::Healthy { health } => {
-                    if probe_phase {
-                        if deferred || env.degraded {
-                            return Some(Target {
-                                position: pos,
-                                credential: ci,
-                                probe: false,
-                            });
-                        }
-                        continue;
-                    }
-                    if health >= FULL_HEALTH || env.degraded {
-                        return Some(Target {
-                            position: pos,
-                            credential: ci,
-                            probe: false,
-                        });
+                    if pass == Pass::Deferred || health >= FULL_HEALTH || env.degraded {
+                        return Some(Self::choice(d, pos, ci, false));
                     }
                     if recovering.is_none_or(|(_, h)| health > h) {
                         recovering = Some((ci, health));
                     }
                 }
-                // Claiming the slot is the last condition: only a request that will use it
-                // may take it.
-                Admission::HalfOpen
-                    if probe_phase && !env.degraded && env.health.try_claim_probe(t) =>
-                {
-                    return Some(Target {
-                        position: pos,
-                        credential: ci,
-                        probe: true,
-                    });
+                Admission::HalfOpen if pass == Pass::InRank && !env.degraded => {
+                    half_open = half_open.or(Some(ci));
                 }
                 _ => {}
             }
         }
+        if pass == Pass::Deferred {
+            return None;
+        }
         if let Some((ci, health)) = recovering {
             // One draw per candidate: a restored deployment leads with probability = health.
             if self.draw_permille() < health {
-                return Some(Target {
-                    position: pos,
-                    credential: ci,
-                    probe: false,
-                });
+                return Some(Self::choice(d, pos, ci, false));
             }
             if !self.deferred.contains(&pos) {
                 self.deferred.push(pos);
             }
+            return None;
         }
-        None
+        half_open.map(|ci| Self::choice(d, pos, ci, true))
     }
 
     fn draw_permille(&mut self) -> u32 {
@@ -437,37 +496,41 @@ impl Plan {
         u32::try_from(self.rng % u64::from(FULL_HEALTH)).unwrap_or(0)
     }
 
-    fn draw_f64(&mut self) -> f64 {
+    fn draw(&mut self) -> u64 {
         self.rng = splitmix64(self.rng);
+        self.rng
+    }
+
+    fn draw_unit(&mut self) -> f64 {
         #[allow(clippy::cast_precision_loss)]
-        let v = (self.rng >> 11) as f64 / (1u64 << 53) as f64;
+        let v = (self.draw() >> 11) as f64 / (1u64 << 53) as f64;
         v
     }
 
-    /// Whether a candidate could take a request now (a closed breaker on a usable key).
-    fn healthy_now(&mut self, env: &PlanEnv<'_>, pos: usize) -> bool {
-        if self.gate(env, pos).is_err() {
-            return false;
+    /// How a candidate's credentials stand now: `Some(true)` when one has a closed breaker,
+    /// `Some(false)` when none does but one is half-open with its probe slot free, `None`
+    /// when it cannot take a request (or is not eligible).
+    fn admissible_now(&mut self, env: &PlanEnv<'_>, pos: usize) -> Option<bool> {
+        self.gate(env, pos).ok()?;
+        let d = self.deployment(env.catalog, pos)?;
+        let p = env.catalog.provider(d.provider);
+        let mut half_open = false;
+        for (ci, c) in p.credentials.iter().enumerate() {
+            if !c.usable {
+                continue;
+            }
+            let t = TargetRef {
+                deployment: d.model.map(|_| d.idx),
+                provider: d.provider,
+                credential: ci,
+            };
+            match env.health.admission(t, env.now_ms) {
+                Admission::Healthy { .. } => return Some(true),
+                Admission::HalfOpen => half_open = true,
+                Admission::No(_) => {}
+            }
         }
-        let Some(d) = self.deployment(env.catalog, pos) else {
-            return false;
-        };
-        let (provider_idx, dep) = (d.provider, d.model.map(|_| d.idx));
-        let p = env.catalog.provider(provider_idx);
-        p.credentials.iter().enumerate().any(|(ci, c)| {
-            c.usable
-                && matches!(
-                    env.health.admission(
-                        TargetRef {
-                            deployment: dep,
-                            provider: provider_idx,
-                            credential: ci
-                        },
-                        env.now_ms
-                    ),
-                    Admission::Healthy { .. }
-                )
-        })
+        (half_open && !env.degraded).then_some(false)
     }
 
     /// In-flight count and TTFB EWMA of a deployment, across its credentials.
@@ -490,27 +553,55 @@ impl Plan {
         (in_flight, ttfb)
     }
 
+    /// Decide the lead and the plan's first.
+    fn decide_first(&mut self, env: &PlanEnv<'_>) {
+        self.lead = self.decide_lead(env);
+        self.first = self
+            .lead
+            .or_else(|| (0..self.len()).find(|&p| self.eligible(env, p).is_ok()));
+        self.first_healthy = match self.first {
+            Some(p) => self.admissible_now(env, p) == Some(true),
+            None => false,
+        };
+    }
+
     /// The per-request first choice, if the strategy or a session makes one.
     fn decide_lead(&mut self, env: &PlanEnv<'_>) -> Option<usize> {
         if let Candidates::Adhoc(_) = self.candidates {
             return None;
         }
-        if let Some(session) = self.facts.session {
-            let pos = (0..self.len()).find(|&p| {
-                self.deployment(env.catalog, p)
-                    .is_some_and(|d| d.idx == session)
+        if let Some(bound) = self.facts.session {
+            let all: Vec<usize> = (0..self.len())
+                .filter(|&p| self.admissible_now(env, p) == Some(true))
+                .collect();
+            let catalog = env.catalog;
+            let pick = lead::sticky(&all, |p| {
+                self.deployment(catalog, p)
+                    .is_some_and(|d| session_tag(d.key_hash) == bound)
             });
-            if let Some(pos) = pos {
-                if self.healthy_now(env, pos) {
-                    return Some(pos);
-                }
+            if pick.is_some() {
+                return pick;
             }
         }
         if env.degraded {
             return None;
         }
         if is_learned(self.strategy) {
-            return self.explore(env);
+            let roll = self.draw_unit();
+            let r = self.draw();
+            let healthy: Vec<usize> = (0..self.len())
+                .filter(|&p| self.admissible_now(env, p) == Some(true))
+                .collect();
+            let catalog = env.catalog;
+            return lead::explore(
+                &healthy,
+                |p| {
+                    self.deployment(catalog, p)
+                        .is_some_and(|d| Self::load(env, d).1.is_finite())
+                },
+                roll,
+                r,
+            );
         }
         let by_cost = matches!(
             self.strategy,
@@ -519,11 +610,49 @@ impl Plan {
         if !(self.strategy.is_load_balancing() || by_cost) {
             return None;
         }
-        // Equivalent deployments: the healthy ones of the best priority. The ranked order is
-        // priority-first for these strategies, so the scan stops at the first worse priority.
-        // The weighted draw and plain `cheapest` span every healthy candidate.
+        let tier = self.tier(env);
+        if tier.is_empty() {
+            return None;
+        }
+        let r = self.draw();
+        let unit = self.draw_unit();
+        let catalog = env.catalog;
+        let dep = |p: usize| self.deployment(catalog, p);
+        match self.strategy {
+            Strategy::Cheapest | Strategy::PriorityCheapest => {
+                let (i, o) = (self.facts.input_tokens, self.facts.output_tokens);
+                lead::cheapest(&tier, |p| dep(p).map_or(u64::MAX, |d| cost_micro(d, i, o)))
+            }
+            Strategy::RoundRobin => lead::round_robin(&tier, self.facts.round_robin),
+            Strategy::Random => lead::random(&tier, r),
+            Strategy::LeastInflight => {
+                lead::least_inflight(&tier, |p| dep(p).map_or(u32::MAX, |d| Self::load(env, d).0))
+            }
+            Strategy::P2cEwma => lead::p2c(&tier, r, |p| {
+                dep(p).map_or(f64::INFINITY, |d| {
+                    let (in_flight, ttfb) = Self::load(env, d);
+                    // Unknown latency: assume a second, so unmeasured targets get tried.
+                    let ttfb = if ttfb.is_finite() { ttfb } else { 1000.0 };
+                    ttfb * f64::from(in_flight + 1)
+                })
+            }),
+            Strategy::Weighted => lead::weighted(&tier, |p| dep(p).and_then(|d| d.weight), unit),
+            Strategy::PrefixAffinity => {
+                let key = self.facts.prefix_hash?;
+                lead::prefix_affinity(&tier, key, |p| dep(p).map_or(0, |d| d.key_hash))
+            }
+            _ => None,
+        }
+    }
+
+    /// The candidates that may lead: admissible now (a closed breaker, or a half-open one
+    /// whose probe is free: it keeps its place among its peers), of the best priority among
+    /// them. The ranked order is priority-first for these strategies, so the scan stops at
+    /// the first worse priority. The weighted draw and plain `cheapest` span every admissible
+    /// candidate.
+    fn tier(&mut self, env: &PlanEnv<'_>) -> Vec<usize> {
         let whole = matches!(self.strategy, Strategy::Weighted | Strategy::Cheapest);
-        let mut tier: Vec<usize> = Vec::new();
+        let mut tier = Vec::with_capacity(self.len().min(16));
         let mut best: Option<i32> = None;
         for pos in 0..self.len() {
             let Some(priority) = self.deployment(env.catalog, pos).map(|d| d.priority) else {
@@ -532,86 +661,12 @@ impl Plan {
             if !whole && best.is_some_and(|b| priority > b) {
                 break;
             }
-            if self.healthy_now(env, pos) {
+            if self.admissible_now(env, pos).is_some() {
                 best.get_or_insert(priority);
                 tier.push(pos);
             }
         }
-        if tier.is_empty() {
-            return None;
-        }
-        // Draw before borrowing the candidates.
-        self.rng = splitmix64(self.rng);
-        let r = self.rng;
-        let unit = self.draw_f64();
-        let dep = |p: usize| self.deployment(env.catalog, p);
-        match self.strategy {
-            Strategy::Cheapest | Strategy::PriorityCheapest => {
-                let (i, o) = (self.facts.input_tokens, self.facts.output_tokens);
-                tier.iter()
-                    .copied()
-                    .min_by_key(|&p| dep(p).map_or(u64::MAX, |d| cost_micro(d, i, o)))
-            }
-            Strategy::RoundRobin => tier.get(self.facts.round_robin % tier.len()).copied(),
-            Strategy::Random => tier
-                .get(usize::try_from(r % tier.len() as u64).unwrap_or(0))
-                .copied(),
-            Strategy::LeastInflight => tier
-                .iter()
-                .copied()
-                .min_by_key(|&p| dep(p).map_or(u32::MAX, |d| Self::load(env, d).0)),
-            Strategy::P2cEwma => {
-                if tier.len() == 1 {
-                    return tier.first().copied();
-                }
-                let n = tier.len() as u64;
-                let a = usize::try_from(r % n).unwrap_or(0);
-                let b = usize::try_from((r >> 32) % (n - 1)).unwrap_or(0);
-                let b = if b >= a { b + 1 } else { b };
-                let cost = |p: usize| {
-                    dep(p).map_or(f64::INFINITY, |d| {
-                        let (inflight, ttfb) = Self::load(env, d);
-                        // Unknown latency: assume a second, so unmeasured targets get tried.
-                        let ttfb = if ttfb.is_finite() { ttfb } else { 1000.0 };
-                        ttfb * f64::from(inflight + 1)
-                    })
-                };
-                let (pa, pb) = (tier[a], tier[b]);
-                Some(if cost(pb) < cost(pa) { pb } else { pa })
-            }
-            Strategy::Weighted => {
-                let weights: Vec<(usize, f64)> = tier
-                    .iter()
-                    .filter_map(|&p| {
-                        dep(p)
-                            .and_then(|d| d.weight)
-                            .filter(|w| *w > 0.0)
-                            .map(|w| (p, w))
-                    })
-                    .collect();
-                let total: f64 = weights.iter().map(|(_, w)| w).sum();
-                if total <= 0.0 {
-                    return None;
-                }
-                let mut x = unit * total;
-                for (p, w) in &weights {
-                    if x < *w {
-                        return Some(*p);
-                    }
-                    x -= w;
-                }
-                weights.last().map(|(p, _)| *p)
-            }
-            Strategy::PrefixAffinity => {
-                let key = self.facts.prefix_hash?;
-                tier.iter().copied().max_by_key(|&p| {
-                    dep(p).map_or(0, |d| {
-                        splitmix64(key ^ u64::from(d.idx.0).wrapping_mul(0x9E37_79B9_7F4A_7C15))
-                    })
-                })
-            }
-            _ => None,
-        }
+        tier
     }
 }
 
@@ -628,56 +683,9 @@ fn is_learned(s: Strategy) -> bool {
     )
 }
 
-/// How often a learned strategy sends a request to a healthy candidate it has no latency
-/// sample for, and how often to any other healthy candidate.
-const EXPLORE_UNMEASURED: f64 = 0.25;
-const EXPLORE_MEASURED: f64 = 0.05;
-
-impl Plan {
-    /// Exploration for learned strategies: now and then, lead with a healthy candidate other
-    /// than the top one (an unmeasured one preferably) so its measurements stay current.
-    fn explore(&mut self, env: &PlanEnv<'_>) -> Option<usize> {
-        let roll = self.draw_f64();
-        if roll >= EXPLORE_UNMEASURED {
-            return None;
-        }
-        let healthy: Vec<usize> = (0..self.len())
-            .filter(|&p| self.healthy_now(env, p))
-            .collect();
-        if healthy.len() < 2 {
-            return None;
-        }
-        let unmeasured: Vec<usize> = healthy
-            .iter()
-            .copied()
-            .filter(|&p| {
-                self.deployment(env.catalog, p)
-                    .is_some_and(|d| Self::load(env, d).1.is_infinite())
-            })
-            .collect();
-        self.rng = splitmix64(self.rng);
-        if !unmeasured.is_empty() {
-            return unmeasured
-                .get(usize::try_from(self.rng % unmeasured.len() as u64).unwrap_or(0))
-                .copied();
-        }
-        if roll >= EXPLORE_MEASURED {
-            return None;
-        }
-        // Any healthy candidate but the current leader.
-        let others = &healthy[1..];
-        others
-            .get(usize::try_from(self.rng % others.len() as u64).unwrap_or(0))
-            .copied()
-    }
-}
-
-/// A bijective 64-bit mix, used as a tiny PRNG step and for rendezvous hashing.
-pub fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+/// The part of a deployment's identity hash a sticky session records.
+pub fn session_tag(key_hash: u64) -> u64 {
+    key_hash >> 40
 }
 
 /// The prompt-prefix hash for `prefix_affinity`.
@@ -688,117 +696,73 @@ pub fn prefix_hash(prompt: &[u8], prefix_bytes: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{HealthPolicy, KeySource};
-    use crate::health::clock::{Clock, ManualClock};
-    use crate::health::{Observation, TargetRef};
-    use crate::metrics::Outcome;
+    use crate::retry::Outcome;
+    use crate::testing::Fixture;
     use std::collections::HashMap;
     use std::time::Duration;
 
-    struct Kit {
-        catalog: Catalog,
-        health: Arc<HealthRegistry>,
-        clock: Arc<ManualClock>,
+    fn kit(text: &str) -> Fixture {
+        Fixture::with_health(text, |h| h.failure_threshold = 1)
     }
 
-    impl Kit {
-        fn new(text: &str) -> Self {
-            let config = crate::config::parse(text).expect("valid config");
-            let resolve = |_: &str, p: u16| vec![std::net::SocketAddr::from(([127, 0, 0, 1], p))];
-            let read = |s: &KeySource| match s {
-                KeySource::Env(n) => Ok(Some(format!("k-{n}"))),
-                _ => Ok(None),
-            };
-            let (catalog, _) = Catalog::build(&config, &resolve, &read).expect("catalog");
-            let clock = Arc::new(ManualClock::new());
-            let health = Arc::new(HealthRegistry::new(
-                &catalog,
-                HealthPolicy {
-                    failure_threshold: 1,
-                    ..config.health
-                },
-                clock.clone(),
-            ));
-            Self {
-                catalog,
-                health,
-                clock,
+    fn plan(k: &Fixture, strategy: Strategy, facts: RequestFacts) -> Plan {
+        Plan::new(k.deployments(), strategy, facts)
+    }
+
+    fn name(k: &Fixture, p: &Plan, t: Target) -> String {
+        p.deployment(&k.catalog, t.position)
+            .map(|d| d.upstream_model.to_string())
+            .unwrap_or_default()
+    }
+
+    /// What the proxy does with a choice: claim a probe slot (moving on when it is taken),
+    /// then commit. Credential cursors are left alone (tests read one credential order).
+    fn take(k: &Fixture, p: &mut Plan, env: &PlanEnv<'_>, advance: Advance) -> Option<Target> {
+        let mut advance = advance;
+        loop {
+            let c = p.next(env, advance)?;
+            if c.target.probe && !k.health.try_claim_probe(c.health_ref) {
+                p.probe_lost(&c);
+                advance = Advance::NextDeployment;
+                continue;
             }
+            p.commit(&c);
+            return Some(c.target);
         }
+    }
 
-        fn env(&self, degraded: bool) -> PlanEnv<'_> {
-            PlanEnv {
-                catalog: &self.catalog,
-                health: &self.health,
-                now_ms: self.clock.now_ms(),
-                degraded,
-            }
+    /// The upstream model of the first target for each of `n` requests.
+    fn firsts(
+        k: &Fixture,
+        n: usize,
+        strategy: Strategy,
+        facts: impl Fn(usize) -> RequestFacts,
+    ) -> HashMap<String, usize> {
+        let mut counts = HashMap::new();
+        for i in 0..n {
+            let mut p = plan(k, strategy, facts(i));
+            let t = take(k, &mut p, &k.env(false), Advance::NextDeployment).expect("a target");
+            *counts.entry(name(k, &p, t)).or_insert(0) += 1;
         }
+        counts
+    }
 
-        fn all(&self) -> Arc<[DeploymentIdx]> {
-            self.catalog.deployments.iter().map(|d| d.idx).collect()
+    /// Every target of a plan walked with `NextDeployment`: (upstream model, probe).
+    fn walk(k: &Fixture, p: &mut Plan, degraded: bool) -> Vec<(String, bool)> {
+        let env = k.env(degraded);
+        let mut out = Vec::new();
+        while let Some(t) = take(k, p, &env, Advance::NextDeployment) {
+            out.push((name(k, p, t), t.probe));
         }
+        out
+    }
 
-        fn plan(&self, strategy: Strategy, facts: RequestFacts) -> Plan {
-            Plan::new(self.all(), strategy, facts)
-        }
+    fn names(k: &Fixture, p: &mut Plan, degraded: bool) -> Vec<String> {
+        walk(k, p, degraded).into_iter().map(|(n, _)| n).collect()
+    }
 
-        fn name(&self, p: &Plan, t: Target) -> String {
-            p.deployment(&self.catalog, t.position)
-                .map(|d| d.upstream_model.to_string())
-                .unwrap_or_default()
-        }
-
-        /// The upstream model of the first target for each of `n` requests.
-        fn firsts(
-            &self,
-            n: usize,
-            strategy: Strategy,
-            facts: impl Fn(usize) -> RequestFacts,
-        ) -> HashMap<String, usize> {
-            let mut counts = HashMap::new();
-            for i in 0..n {
-                let mut p = self.plan(strategy, facts(i));
-                let t = p
-                    .next(&self.env(false), Advance::NextDeployment)
-                    .expect("a target");
-                *counts.entry(self.name(&p, t)).or_insert(0) += 1;
-            }
-            counts
-        }
-
-        /// Every target of a plan walked with `NextDeployment`: (upstream model, probe).
-        fn walk(&self, p: &mut Plan, degraded: bool) -> Vec<(String, bool)> {
-            let env = self.env(degraded);
-            let mut out = Vec::new();
-            while let Some(t) = p.next(&env, Advance::NextDeployment) {
-                out.push((self.name(p, t), t.probe));
-            }
-            out
-        }
-
-        fn names(&self, p: &mut Plan, degraded: bool) -> Vec<String> {
-            self.walk(p, degraded).into_iter().map(|(n, _)| n).collect()
-        }
-
-        fn fail(&self, d: u32, c: usize) {
-            let p = self.catalog.deployment(DeploymentIdx(d)).provider;
-            self.health.observe(
-                TargetRef {
-                    deployment: Some(DeploymentIdx(d)),
-                    provider: p,
-                    credential: c,
-                },
-                &Observation {
-                    outcome: Outcome::ServerError,
-                    ttfb: None,
-                    latency: None,
-                    output_tokens: None,
-                    retry_after: None,
-                    probe: false,
-                },
-            );
-        }
+    fn fail(k: &Fixture, upstream: &str, c: usize) {
+        k.observe(k.target(upstream, c), Outcome::ServerError);
     }
 
     fn seeded(i: usize) -> RequestFacts {
@@ -824,133 +788,190 @@ models:
 
     #[test]
     fn walks_candidates_then_credentials() {
-        let k = Kit::new(POOL);
-        let mut p = k.plan(Strategy::Priority, RequestFacts::default());
-        let first = p
-            .next(&k.env(false), Advance::NextDeployment)
-            .expect("first");
-        assert_eq!(k.name(&p, first), "x");
+        let k = kit(POOL);
+        let env = k.env(false);
+        let mut p = plan(&k, Strategy::Priority, RequestFacts::default());
+        let first = take(&k, &mut p, &env, Advance::NextDeployment).expect("first");
+        assert_eq!(name(&k, &p, first), "x");
         // A credential failure on a two-key provider tries its other key first.
-        let second = p
-            .next(&k.env(false), Advance::NextCredential)
-            .expect("second");
+        let second = take(&k, &mut p, &env, Advance::NextCredential).expect("second");
         assert_eq!(
-            (second.position, k.name(&p, second)),
+            (second.position, name(&k, &p, second)),
             (first.position, "x".into())
         );
         assert_ne!(second.credential, first.credential);
         // Both keys used: the walk moves on.
-        let third = p
-            .next(&k.env(false), Advance::NextCredential)
-            .expect("third");
-        assert_eq!(k.name(&p, third), "y");
-        let fourth = p
-            .next(&k.env(false), Advance::NextDeployment)
-            .expect("fourth");
-        assert_eq!(k.name(&p, fourth), "z");
-        assert_eq!(p.next(&k.env(false), Advance::NextDeployment), None);
+        let third = take(&k, &mut p, &env, Advance::NextCredential).expect("third");
+        assert_eq!(name(&k, &p, third), "y");
+        let fourth = take(&k, &mut p, &env, Advance::NextDeployment).expect("fourth");
+        assert_eq!(name(&k, &p, fourth), "z");
+        assert_eq!(take(&k, &mut p, &env, Advance::NextDeployment), None);
         assert_eq!(p.first_position(), Some(first.position));
     }
 
     #[test]
-    fn ejected_candidates_are_skipped_then_probed_last_one_at_a_time() {
-        let k = Kit::new(POOL);
-        k.fail(1, 0); // y ejected (threshold 1)
-        let mut p = k.plan(Strategy::Priority, RequestFacts::default());
-        let names = k.names(&mut p, false);
-        assert_eq!(names, ["x", "z"], "inside its cooldown y is not called");
-        assert_eq!(p.skipped(SkipReason::Ejected), 1);
-        // After the cooldown, y is half-open: reached after the healthy ones, once.
+    fn next_changes_nothing_outside_the_plan() {
+        let k = kit(POOL);
+        fail(&k, "x", 0);
+        fail(&k, "x", 1);
         k.clock.advance(Duration::from_secs(31));
-        let mut p1 = k.plan(Strategy::Priority, RequestFacts::default());
-        let order = k.walk(&mut p1, false);
-        assert_eq!(order.last(), Some(&("y".to_string(), true)), "{order:?}");
-        // A concurrent request cannot take the same probe.
-        let mut p2 = k.plan(Strategy::Priority, RequestFacts::default());
-        let order2 = k.names(&mut p2, false);
-        assert!(!order2.contains(&"y".to_string()), "{order2:?}");
+        let cursor = |k: &Fixture| {
+            k.catalog.providers[1]
+                .credential_cursor
+                .load(Ordering::Relaxed)
+        };
+        let before = cursor(&k);
+        let mut p = plan(&k, Strategy::Priority, RequestFacts::default());
+        let c = p
+            .next(&k.env(false), Advance::NextDeployment)
+            .expect("a choice");
+        // x is half-open: it keeps its ranked place as a probe, which the plan did not claim.
+        assert!(c.target.probe, "{c:?}");
+        assert!(
+            k.health.try_claim_probe(c.health_ref),
+            "the slot is still free"
+        );
+        assert_eq!(cursor(&k), before);
+    }
+
+    /// POOL with one key per provider: one target per deployment.
+    fn one_key_pool() -> Fixture {
+        kit(&POOL.replace(
+            ", credentials: [{ id: k1, key_env: K1 }, { id: k2, key_env: K2 }]",
+            "",
+        ))
+    }
+
+    #[test]
+    fn ejected_candidates_are_skipped_and_a_half_open_one_probes_in_its_ranked_place() {
+        let k = one_key_pool();
+        fail(&k, "x", 0);
+        let mut p = plan(&k, Strategy::Priority, RequestFacts::default());
+        assert_eq!(
+            names(&k, &mut p, false),
+            ["y", "z"],
+            "inside its cooldown x is not called"
+        );
+        assert_eq!(p.skipped(SkipReason::Ejected), 1);
+        assert_eq!(p.first_position(), Some(0), "x is still the plan's first");
+        assert!(!p.first_was_healthy());
+        // After the cooldown x is half-open: it keeps its first place for one request.
+        k.clock.advance(Duration::from_secs(31));
+        let mut p1 = plan(&k, Strategy::Priority, RequestFacts::default());
+        let order = walk(&k, &mut p1, false);
+        assert_eq!(order.first(), Some(&("x".to_string(), true)), "{order:?}");
+        // A concurrent request cannot take the same probe: it starts at y.
+        let mut p2 = plan(&k, Strategy::Priority, RequestFacts::default());
+        assert_eq!(names(&k, &mut p2, false), ["y", "z"]);
+    }
+
+    #[test]
+    fn one_probe_among_sixty_four_concurrent_requests() {
+        let k = one_key_pool();
+        fail(&k, "x", 0);
+        k.clock.advance(Duration::from_secs(31));
+        // 64 requests plan at once (none finishes): exactly one probes x.
+        let mut probes = 0;
+        let mut served = HashMap::new();
+        let env = k.env(false);
+        for i in 0..64 {
+            let mut p = plan(&k, Strategy::Priority, seeded(i));
+            let t = take(&k, &mut p, &env, Advance::NextDeployment).expect("a target");
+            probes += usize::from(t.probe);
+            *served.entry(name(&k, &p, t)).or_insert(0) += 1;
+        }
+        assert_eq!(probes, 1);
+        assert_eq!(served.get("x"), Some(&1), "{served:?}");
+        assert_eq!(served.get("y"), Some(&63), "{served:?}");
     }
 
     #[test]
     fn every_candidate_ejected_fails_fast_with_the_soonest_end() {
-        let k = Kit::new(POOL);
-        k.fail(0, 0);
-        k.fail(0, 1);
+        let k = kit(POOL);
+        fail(&k, "x", 0);
+        fail(&k, "x", 1);
         k.clock.advance(Duration::from_secs(5));
-        k.fail(1, 0);
-        k.fail(2, 0);
-        let mut p = k.plan(Strategy::Priority, RequestFacts::default());
+        fail(&k, "y", 0);
+        fail(&k, "z", 0);
+        let mut p = plan(&k, Strategy::Priority, RequestFacts::default());
         assert_eq!(p.next(&k.env(false), Advance::NextDeployment), None);
         let soonest = p.soonest_ms().expect("soonest");
         assert_eq!(
-            soonest - k.clock.now_ms(),
+            soonest - k.shared.now_ms(),
             25_000,
             "x frees first, 25 s from now"
         );
         assert!(p.skipped(SkipReason::Ejected) >= 3);
+        assert_eq!(p.no_call(), NoCall::Unavailable);
     }
 
     #[test]
     fn weighted_splits_seven_to_three() {
-        let k = Kit::new(POOL);
-        let counts = k.firsts(2000, Strategy::Weighted, seeded);
+        let k = kit(POOL);
+        let counts = firsts(&k, 2000, Strategy::Weighted, seeded);
         let x = counts.get("x").copied().unwrap_or(0);
         let y = counts.get("y").copied().unwrap_or(0);
         assert_eq!(x + y, 2000, "the unweighted z never leads: {counts:?}");
         let share = x as f64 / 2000.0;
         assert!((share - 0.7).abs() < 0.04, "x share {share}");
         // The failure order continues through the rest, unweighted z included.
-        let mut p = k.plan(Strategy::Weighted, seeded(1));
-        let all = k.names(&mut p, false);
+        let mut p = plan(&k, Strategy::Weighted, seeded(1));
+        let all = names(&k, &mut p, false);
         assert!(all.contains(&"z".to_string()), "{all:?}");
     }
 
     #[test]
+    fn the_lead_pick_is_the_plans_first() {
+        let k = kit(POOL);
+        for i in 0..20 {
+            let mut p = plan(&k, Strategy::RoundRobin, seeded(i));
+            let t = take(&k, &mut p, &k.env(false), Advance::NextDeployment).expect("target");
+            assert_eq!(p.first_position(), Some(t.position), "request {i}");
+            assert!(p.first_was_healthy());
+        }
+    }
+
+    #[test]
     fn round_robin_and_random_spread_across_the_best_tier() {
-        let k = Kit::new(POOL);
-        let rr = k.firsts(100, Strategy::RoundRobin, seeded);
+        let k = kit(POOL);
+        let rr = firsts(&k, 100, Strategy::RoundRobin, seeded);
         assert_eq!(
             (rr.get("x"), rr.get("y"), rr.get("z")),
             (Some(&50), Some(&50), None),
             "{rr:?}"
         );
-        let random = k.firsts(2000, Strategy::Random, seeded);
+        let random = firsts(&k, 2000, Strategy::Random, seeded);
         let x = random.get("x").copied().unwrap_or(0);
         assert!((900..=1100).contains(&x), "{random:?}");
     }
 
     #[test]
     fn least_inflight_and_p2c_prefer_the_less_loaded() {
-        let k = Kit::new(POOL);
-        let busy = TargetRef {
-            deployment: Some(DeploymentIdx(0)),
-            provider: k.catalog.deployment(DeploymentIdx(0)).provider,
-            credential: 0,
-        };
-        let _guards: Vec<_> = (0..3).map(|_| k.health.begin(busy, false)).collect();
-        let least = k.firsts(50, Strategy::LeastInflight, seeded);
+        let k = kit(POOL);
+        let _guards: Vec<_> = (0..3)
+            .map(|_| k.health.begin(k.target("x", 0), false))
+            .collect();
+        let least = firsts(&k, 50, Strategy::LeastInflight, seeded);
         assert_eq!(least.get("y"), Some(&50), "{least:?}");
         // p2c over two candidates always compares both: the idle one wins.
-        let p2c = k.firsts(50, Strategy::P2cEwma, seeded);
+        let p2c = firsts(&k, 50, Strategy::P2cEwma, seeded);
         assert_eq!(p2c.get("y"), Some(&50), "{p2c:?}");
     }
 
     #[test]
     fn prefix_affinity_is_stable_per_prompt_and_spreads_across_prompts() {
-        let k = Kit::new(POOL);
+        let k = kit(POOL);
         let facts = |i: usize| RequestFacts {
             prefix_hash: Some(prefix_hash(format!("prompt {}", i % 20).as_bytes(), 1024)),
             ..seeded(i)
         };
         let mut seen: HashMap<usize, String> = HashMap::new();
         for i in 0..200 {
-            let mut p = k.plan(Strategy::PrefixAffinity, facts(i));
-            let t = p
-                .next(&k.env(false), Advance::NextDeployment)
-                .expect("target");
-            let name = k.name(&p, t);
-            if let Some(prev) = seen.insert(i % 20, name.clone()) {
-                assert_eq!(prev, name, "the same prefix moved");
+            let mut p = plan(&k, Strategy::PrefixAffinity, facts(i));
+            let t = take(&k, &mut p, &k.env(false), Advance::NextDeployment).expect("target");
+            let n = name(&k, &p, t);
+            if let Some(prev) = seen.insert(i % 20, n.clone()) {
+                assert_eq!(prev, n, "the same prefix moved");
             }
         }
         let distinct: std::collections::HashSet<_> = seen.values().collect();
@@ -963,23 +984,22 @@ models:
 
     #[test]
     fn sticky_sessions_lead_while_healthy() {
-        let k = Kit::new(POOL);
+        let k = kit(POOL);
+        let z = k
+            .catalog
+            .deployment(k.target("z", 0).deployment.expect("z"));
         let facts = RequestFacts {
-            session: Some(DeploymentIdx(2)),
+            session: Some(session_tag(z.key_hash)),
             ..RequestFacts::default()
         };
-        let mut p = k.plan(Strategy::Priority, facts);
-        let t = p
-            .next(&k.env(false), Advance::NextDeployment)
-            .expect("target");
-        assert_eq!(k.name(&p, t), "z");
-        k.fail(2, 0);
-        let mut p = k.plan(Strategy::Priority, facts);
-        let t = p
-            .next(&k.env(false), Advance::NextDeployment)
-            .expect("target");
+        let mut p = plan(&k, Strategy::Priority, facts);
+        let t = take(&k, &mut p, &k.env(false), Advance::NextDeployment).expect("target");
+        assert_eq!(name(&k, &p, t), "z");
+        fail(&k, "z", 0);
+        let mut p = plan(&k, Strategy::Priority, facts);
+        let t = take(&k, &mut p, &k.env(false), Advance::NextDeployment).expect("target");
         assert_eq!(
-            k.name(&p, t),
+            name(&k, &p, t),
             "x",
             "an ejected session target does not lead"
         );
@@ -987,10 +1007,9 @@ models:
 
     #[test]
     fn cheapest_uses_this_requests_tokens() {
-        let k = Kit::new(POOL);
-        // Input-heavy: x is cheaper (1.0 in); output-heavy: y is cheaper (2.0 out). z is free
-        // but unpriced deployments only count as free when priced equally... z is priority 20
-        // and plain `cheapest` spans every candidate, so take it out of the pool.
+        let k = kit(POOL);
+        // Input-heavy: x is cheaper (1.0 in); output-heavy: y is cheaper (2.0 out). The
+        // unpriced z would count as free, so it is left out of the pool.
         let cost_pool: Arc<[DeploymentIdx]> = Arc::from(vec![DeploymentIdx(0), DeploymentIdx(1)]);
         let first = |i, o| {
             let mut p = Plan::new(
@@ -1002,10 +1021,8 @@ models:
                     ..RequestFacts::default()
                 },
             );
-            let t = p
-                .next(&k.env(false), Advance::NextDeployment)
-                .expect("target");
-            k.name(&p, t)
+            let t = take(&k, &mut p, &k.env(false), Advance::NextDeployment).expect("target");
+            name(&k, &p, t)
         };
         assert_eq!(first(10_000, 10), "x");
         assert_eq!(first(10, 10_000), "y");
@@ -1013,50 +1030,39 @@ models:
 
     #[test]
     fn degraded_mode_turns_exploration_off() {
-        let k = Kit::new(POOL);
-        let counts: HashMap<String, usize> = (0..100)
-            .map(|i| {
-                let mut p = k.plan(Strategy::Random, seeded(i));
-                let t = p
-                    .next(&k.env(true), Advance::NextDeployment)
-                    .expect("target");
-                k.name(&p, t)
-            })
-            .fold(HashMap::new(), |mut m, n| {
-                *m.entry(n).or_insert(0) += 1;
-                m
-            });
+        let k = kit(POOL);
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for i in 0..100 {
+            let mut p = plan(&k, Strategy::Random, seeded(i));
+            let t = take(&k, &mut p, &k.env(true), Advance::NextDeployment).expect("target");
+            *counts.entry(name(&k, &p, t)).or_insert(0) += 1;
+        }
         assert_eq!(
             counts.get("x"),
             Some(&100),
             "the scored order only: {counts:?}"
         );
         // No half-open probes either.
-        k.fail(2, 0);
+        fail(&k, "z", 0);
         k.clock.advance(Duration::from_secs(31));
-        let mut p = k.plan(Strategy::Priority, RequestFacts::default());
-        let names = k.names(&mut p, true);
+        let mut p = plan(&k, Strategy::Priority, RequestFacts::default());
+        let names = names(&k, &mut p, true);
         assert!(!names.contains(&"z".to_string()), "{names:?}");
     }
 
     #[test]
     fn a_restored_target_earns_its_share_back() {
-        let k = Kit::new(POOL);
+        let k = kit(POOL);
         // Restore x at 0.5 health: it leads about half the time, the rest go to y first.
-        k.fail(0, 0);
-        k.fail(0, 1);
-        let th = |c| {
+        fail(&k, "x", 0);
+        fail(&k, "x", 1);
+        for c in 0..2 {
             k.health
-                .target(TargetRef {
-                    deployment: Some(DeploymentIdx(0)),
-                    provider: k.catalog.deployment(DeploymentIdx(0)).provider,
-                    credential: c,
-                })
+                .target(k.target("x", c))
                 .expect("target")
-        };
-        th(0).restore(&k.health.policy);
-        th(1).restore(&k.health.policy);
-        let counts = k.firsts(2000, Strategy::Priority, seeded);
+                .restore(&k.health.policy);
+        }
+        let counts = firsts(&k, 2000, Strategy::Priority, seeded);
         let x = counts.get("x").copied().unwrap_or(0) as f64 / 2000.0;
         assert!((x - 0.5).abs() < 0.05, "x leads {x} of the time");
     }

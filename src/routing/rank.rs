@@ -1,7 +1,7 @@
 //! The scored tables and the background ranker that keeps them current.
 //!
 //! [`Rankings`] is an immutable snapshot: for every route, its candidates ordered by the
-//! route's strategy from live health, healthy first. The [`RankerService`] rebuilds it at
+//! route's strategy (learned strategies from live health). The [`RankerService`] rebuilds it at
 //! least every `routing.rank_interval` (250 ms by default) and at once on every breaker
 //! transition (the registry's `transitions` notifier), evaluates degraded mode on the same
 //! pass, and swaps the snapshot in with `ArcSwap`. The request path only loads it.
@@ -18,12 +18,12 @@ use async_trait::async_trait;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 
-use super::scoring::rank;
+use super::scoring::{rank, RankBy};
 use super::session::SessionTable;
 use super::table::{RouteIdx, Tables};
 use crate::catalog::DeploymentIdx;
 use crate::health::clock::ms;
-use crate::health::HealthRegistry;
+use crate::health::HealthShared;
 
 /// Ranked candidate orders per route, for one `Tables` generation.
 #[derive(Debug)]
@@ -37,8 +37,9 @@ pub struct Rankings {
 }
 
 impl Rankings {
-    /// Rank every route of `tables` from `health` at `now_ms`.
-    pub fn build(tables: &Tables, health: &HealthRegistry, now_ms: u64) -> Self {
+    /// Rank every route of `tables` from its health at `now_ms`.
+    pub fn build(tables: &Tables, now_ms: u64) -> Self {
+        let health = &tables.health;
         let orders = tables
             .routes
             .iter()
@@ -50,9 +51,7 @@ impl Rankings {
                         &tables.catalog,
                         health,
                         &r.candidates,
-                        r.strategy,
-                        tables.routing.custom_weights,
-                        now_ms,
+                        RankBy::nominal(r.strategy, tables.routing.custom_weights, now_ms),
                     ))
                 }
             })
@@ -87,11 +86,12 @@ impl Rankings {
     }
 }
 
-/// Routing state shared by every request: the snapshot, its rankings, health and sessions.
+/// Routing state shared by every request: the snapshot (with its health records), its
+/// rankings, the process-wide health state (clock, transitions, degraded mode) and sessions.
 pub struct Router {
     pub tables: ArcSwap<Tables>,
     pub rankings: ArcSwap<Rankings>,
-    pub health: Arc<HealthRegistry>,
+    pub health: Arc<HealthShared>,
     pub sessions: SessionTable,
 }
 
@@ -102,9 +102,9 @@ impl std::fmt::Debug for Router {
 }
 
 impl Router {
-    pub fn new(tables: Tables, health: Arc<HealthRegistry>) -> Self {
+    pub fn new(tables: Tables, health: Arc<HealthShared>) -> Self {
         let now = health.now_ms();
-        let rankings = Rankings::build(&tables, &health, now);
+        let rankings = Rankings::build(&tables, now);
         let sessions = SessionTable::new(ms(tables.routing.session_ttl));
         Self {
             tables: ArcSwap::from_pointee(tables),
@@ -119,7 +119,7 @@ impl Router {
         let tables = self.tables.load_full();
         let now = self.health.now_ms();
         self.evaluate_degraded(&tables, now);
-        let rankings = Rankings::build(&tables, &self.health, now);
+        let rankings = Rankings::build(&tables, now);
         self.rankings.store(Arc::new(rankings));
     }
 
@@ -132,7 +132,7 @@ impl Router {
                 continue;
             }
             total += 1;
-            if self.health.provider_healthy(catalog, p.idx, now) {
+            if tables.health.provider_healthy(catalog, p.idx, now) {
                 healthy += 1;
             }
         }

@@ -1,11 +1,14 @@
 //! Ordering candidates by a strategy: a pure function of the catalog, a health view and `now`.
 //!
-//! Every strategy first sorts by its own keys, then stably moves candidates that cannot take
-//! traffic right now (ejected, benched, every credential cooling) to the end: healthy first,
-//! cooling last (they are reached as half-open probes). Load-balancing strategies order by
-//! `priority_cheapest` here; their per-request pick happens in `selection`.
+//! Every strategy sorts by its own keys only: where a candidate stands by the strategy is its
+//! *ranked place*, which health does not change here. The plan applies health as it walks
+//! (closed breakers are called in ranked order, a half-open target is probed in its place,
+//! ejected ones are skipped), so a request always sees current health and a recovered target
+//! comes back to the place it had. Health still feeds the learned scores (reliability below).
+//! Load-balancing strategies order by `priority_cheapest` here; their per-request pick is the
+//! plan's lead (`lead`).
 //!
-//! Scores (DESIGN §4): `effective = (w_r·reliability + w_s·speed + w_c·capability) × headroom ×
+//! Scores: `effective = (w_r·reliability + w_s·speed + w_c·capability) × headroom ×
 //! rate-limit factor`, with
 //! - reliability: windowed success rate (uniform prior) × health (a recovering target is
 //!   worth less until it earns its share back);
@@ -53,12 +56,13 @@ pub struct Facts {
     pub headroom: f64,
 }
 
-/// Gather the facts for `candidates`.
+/// Gather the facts for `candidates`, costs for a request of `tokens` (input, output).
 pub fn facts(
     catalog: &Catalog,
     health: &HealthRegistry,
     candidates: &[DeploymentIdx],
     now_ms: u64,
+    tokens: (u64, u64),
 ) -> Vec<Facts> {
     candidates
         .iter()
@@ -72,7 +76,7 @@ pub fn facts(
             Facts {
                 idx,
                 priority: d.priority,
-                cost: cost_micro(d, NOMINAL_INPUT_TOKENS, NOMINAL_OUTPUT_TOKENS),
+                cost: cost_micro(d, tokens.0, tokens.1),
                 capability,
                 view,
                 headroom,
@@ -144,16 +148,43 @@ fn unknown_last(v: Option<f64>) -> f64 {
     v.unwrap_or(f64::INFINITY)
 }
 
-/// Order `candidates` by `strategy`, healthy first.
+/// How a ranking is asked for: the strategy, the custom blend, the time and the request size
+/// costs are estimated for ([`NOMINAL_INPUT_TOKENS`]/[`NOMINAL_OUTPUT_TOKENS`] for the
+/// shared tables, the request's own for a per-request strategy).
+#[derive(Debug, Clone, Copy)]
+pub struct RankBy {
+    pub strategy: Strategy,
+    pub custom: Weights,
+    pub now_ms: u64,
+    pub tokens: (u64, u64),
+}
+
+impl RankBy {
+    /// The shared tables' ranking: a nominal request.
+    pub fn nominal(strategy: Strategy, custom: Weights, now_ms: u64) -> Self {
+        Self {
+            strategy,
+            custom,
+            now_ms,
+            tokens: (NOMINAL_INPUT_TOKENS, NOMINAL_OUTPUT_TOKENS),
+        }
+    }
+}
+
+/// Order `candidates` by a strategy's own keys (their ranked places).
 pub fn rank(
     catalog: &Catalog,
     health: &HealthRegistry,
     candidates: &[DeploymentIdx],
-    strategy: Strategy,
-    custom: Weights,
-    now_ms: u64,
+    by: RankBy,
 ) -> Vec<DeploymentIdx> {
-    let all = facts(catalog, health, candidates, now_ms);
+    let RankBy {
+        strategy,
+        custom,
+        now_ms,
+        tokens,
+    } = by;
+    let all = facts(catalog, health, candidates, now_ms, tokens);
     let mut order: Vec<usize> = (0..all.len()).collect();
     let by = |a: &Facts, b: &Facts| -> Ordering {
         match strategy {
@@ -193,18 +224,14 @@ pub fn rank(
     } else {
         order.sort_by(|&a, &b| by(&all[a], &all[b]));
     }
-    // Healthy first, cooling last (stable).
-    order.sort_by_key(|&i| !all[i].view.available);
     order.into_iter().map(|i| all[i].idx).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::health::clock::Clock;
-    use crate::health::{Observation, TargetRef};
-    use crate::metrics::Outcome;
-    use std::sync::Arc;
+    use crate::retry::Outcome;
+    use crate::testing::Fixture;
     use std::time::Duration;
 
     const CONFIG: &str = r#"
@@ -218,195 +245,102 @@ models:
   big: { capability: 5, deployments: [{ provider: c, model: b, price: { input_per_mtok: 5.0, output_per_mtok: 20.0 } }] }
 "#;
 
-    fn setup() -> (
-        Arc<Catalog>,
-        Arc<HealthRegistry>,
-        Arc<crate::health::clock::ManualClock>,
-    ) {
-        let config = crate::config::parse(CONFIG).expect("valid");
-        let resolve = |_: &str, p: u16| vec![std::net::SocketAddr::from(([127, 0, 0, 1], p))];
-        let read = |_: &crate::config::KeySource| Ok(None);
-        let (catalog, _) = Catalog::build(&config, &resolve, &read).expect("catalog");
-        let clock = Arc::new(crate::health::clock::ManualClock::new());
-        let reg = Arc::new(HealthRegistry::new(
-            &catalog,
-            crate::config::HealthPolicy::default(),
-            clock.clone(),
-        ));
-        (Arc::new(catalog), reg, clock)
-    }
-
-    fn names(c: &Catalog, order: &[DeploymentIdx]) -> Vec<String> {
-        order
+    fn order(k: &Fixture, strategy: Strategy, custom: Weights) -> Vec<String> {
+        let by = RankBy::nominal(strategy, custom, k.shared.now_ms());
+        rank(&k.catalog, &k.health, &k.deployments(), by)
             .iter()
-            .map(|d| c.deployment(*d).upstream_model.to_string())
+            .map(|d| k.catalog.deployment(*d).upstream_model.to_string())
             .collect()
-    }
-
-    fn all(c: &Catalog) -> Vec<DeploymentIdx> {
-        c.deployments.iter().map(|d| d.idx).collect()
-    }
-
-    /// The target of the deployment whose upstream model is `name`.
-    fn target(c: &Catalog, name: &str) -> TargetRef {
-        let d = c
-            .deployments
-            .iter()
-            .find(|d| &*d.upstream_model == name)
-            .expect("deployment");
-        TargetRef {
-            deployment: Some(d.idx),
-            provider: d.provider,
-            credential: 0,
-        }
-    }
-
-    fn ok(c: &Catalog, reg: &HealthRegistry, name: &str, ttfb_ms: u64) {
-        reg.observe(
-            target(c, name),
-            &Observation {
-                outcome: Outcome::Ok,
-                ttfb: Some(Duration::from_millis(ttfb_ms)),
-                latency: Some(Duration::from_millis(ttfb_ms * 2)),
-                output_tokens: Some(100),
-                retry_after: None,
-                probe: false,
-            },
-        );
     }
 
     #[test]
     fn static_orders() {
-        let (c, reg, clock) = setup();
-        let now = clock.now_ms();
+        let k = Fixture::new(CONFIG);
         let w = Weights::BALANCED;
         // Catalog order is by model name: big (b), mid (m), small (s).
-        assert_eq!(
-            names(&c, &rank(&c, &reg, &all(&c), Strategy::Priority, w, now)),
-            ["m", "b", "s"]
-        );
-        assert_eq!(
-            names(&c, &rank(&c, &reg, &all(&c), Strategy::Cheapest, w, now)),
-            ["s", "m", "b"]
-        );
-        assert_eq!(
-            names(&c, &rank(&c, &reg, &all(&c), Strategy::Smartest, w, now)),
-            ["b", "m", "s"]
-        );
-        assert_eq!(
-            names(&c, &rank(&c, &reg, &all(&c), Strategy::Chain, w, now)),
-            ["b", "m", "s"]
-        );
+        assert_eq!(order(&k, Strategy::Priority, w), ["m", "b", "s"]);
+        assert_eq!(order(&k, Strategy::Cheapest, w), ["s", "m", "b"]);
+        assert_eq!(order(&k, Strategy::Smartest, w), ["b", "m", "s"]);
+        assert_eq!(order(&k, Strategy::Chain, w), ["b", "m", "s"]);
+    }
+
+    #[test]
+    fn a_requests_own_size_decides_its_costs() {
+        let text = CONFIG.replace("output_per_mtok: 20.0", "output_per_mtok: 0.01");
+        let k = Fixture::new(&text);
+        let rank_for = |tokens| {
+            let by = RankBy {
+                tokens,
+                ..RankBy::nominal(Strategy::Cheapest, Weights::BALANCED, k.shared.now_ms())
+            };
+            rank(&k.catalog, &k.health, &k.deployments(), by)
+                .iter()
+                .map(|d| k.catalog.deployment(*d).upstream_model.to_string())
+                .collect::<Vec<_>>()
+        };
+        // Output-heavy: big's output price is the lowest.
+        assert_eq!(rank_for((10, 100_000))[0], "b");
+        assert_eq!(rank_for((100_000, 10))[0], "s");
     }
 
     #[test]
     fn fastest_prefers_measured_speed_and_puts_unknown_last() {
-        let (c, reg, clock) = setup();
-        ok(&c, &reg, "b", 50);
-        ok(&c, &reg, "m", 400);
-        let order = rank(
-            &c,
-            &reg,
-            &all(&c),
-            Strategy::Fastest,
-            Weights::BALANCED,
-            clock.now_ms(),
+        let k = Fixture::new(CONFIG);
+        k.succeed(k.target("b", 0), 50);
+        k.succeed(k.target("m", 0), 400);
+        assert_eq!(
+            order(&k, Strategy::Fastest, Weights::BALANCED),
+            ["b", "m", "s"]
         );
-        assert_eq!(names(&c, &order), ["b", "m", "s"]);
     }
 
     #[test]
-    fn reliable_prefers_success_and_ejected_go_last() {
-        let (c, reg, clock) = setup();
-        let fail = |name: &str| {
-            reg.observe(
-                target(&c, name),
-                &Observation {
-                    outcome: Outcome::ServerError,
-                    ttfb: None,
-                    latency: None,
-                    output_tokens: None,
-                    retry_after: None,
-                    probe: false,
-                },
-            );
-        };
+    fn reliable_prefers_success_and_ejection_does_not_move_a_ranked_place() {
+        let k = Fixture::new(CONFIG);
         for _ in 0..5 {
-            ok(&c, &reg, "s", 100);
-            ok(&c, &reg, "m", 100);
+            k.succeed(k.target("s", 0), 100);
+            k.succeed(k.target("m", 0), 100);
         }
-        fail("m");
-        let now = clock.now_ms();
-        let order = names(
-            &c,
-            &rank(
-                &c,
-                &reg,
-                &all(&c),
-                Strategy::Reliable,
-                Weights::BALANCED,
-                now,
-            ),
+        k.observe(k.target("m", 0), Outcome::ServerError);
+        let reliable = order(&k, Strategy::Reliable, Weights::BALANCED);
+        assert_eq!(
+            reliable.last().map(String::as_str),
+            Some("m"),
+            "{reliable:?}"
         );
-        assert_eq!(order.last().map(String::as_str), Some("m"), "{order:?}");
-        // Eject `s`: whatever the strategy, it goes last.
+        // Eject `s`: by price it stays first; the plan skips it while it is out.
         for _ in 0..3 {
-            fail("s");
+            k.observe(k.target("s", 0), Outcome::ServerError);
         }
-        let order = rank(
-            &c,
-            &reg,
-            &all(&c),
-            Strategy::Cheapest,
-            Weights::BALANCED,
-            clock.now_ms(),
+        assert_eq!(
+            order(&k, Strategy::Cheapest, Weights::BALANCED),
+            ["s", "m", "b"]
         );
-        assert_eq!(names(&c, &order), ["m", "b", "s"]);
     }
 
     #[test]
     fn custom_weights_and_rate_limit_penalty() {
-        let (c, reg, clock) = setup();
-        let now = clock.now_ms();
-        let cheap_first = Weights {
+        let k = Fixture::new(CONFIG);
+        let capability_only = Weights {
             reliability: 0.0,
             speed: 0.0,
             capability: 1.0,
         };
         assert_eq!(
-            names(
-                &c,
-                &rank(&c, &reg, &all(&c), Strategy::Custom, cheap_first, now)
-            ),
+            order(&k, Strategy::Custom, capability_only),
             ["b", "m", "s"]
         );
         // A 429 on b's credential holds it back below m in the balanced blend.
-        let t = target(&c, "b");
-        reg.observe(
-            t,
-            &Observation {
-                outcome: Outcome::RateLimited,
-                ttfb: None,
-                latency: None,
-                output_tokens: None,
+        k.health.observe(
+            k.target("b", 0),
+            &crate::health::Observation {
                 retry_after: Some(Duration::from_millis(1)),
-                probe: false,
+                ..crate::testing::observation(Outcome::RateLimited)
             },
         );
-        clock.advance(Duration::from_millis(5));
-        let order = names(
-            &c,
-            &rank(
-                &c,
-                &reg,
-                &all(&c),
-                Strategy::Smartest,
-                Weights::BALANCED,
-                clock.now_ms(),
-            ),
-        );
+        k.clock.advance(Duration::from_millis(5));
         assert_eq!(
-            order,
+            order(&k, Strategy::Smartest, Weights::BALANCED),
             ["m", "b", "s"],
             "the rate-limit factor (0.5) outweighs b's capability edge"
         );
@@ -414,18 +348,12 @@ models:
 
     #[test]
     fn balanced_blends_and_headroom_holds_back() {
-        let (c, reg, clock) = setup();
-        let now = clock.now_ms();
-        let order = rank(
-            &c,
-            &reg,
-            &all(&c),
-            Strategy::Balanced,
-            Weights::BALANCED,
-            now,
-        );
+        let k = Fixture::new(CONFIG);
         // All equally reliable and unknown speed: capability decides.
-        assert_eq!(names(&c, &order), ["b", "m", "s"]);
+        assert_eq!(
+            order(&k, Strategy::Balanced, Weights::BALANCED),
+            ["b", "m", "s"]
+        );
         assert!((headroom_factor(0, 100) - 1.0).abs() < 1e-9);
         assert!((headroom_factor(90, 100) - 0.55).abs() < 1e-9);
         assert!((headroom_factor(500, 100) - 0.1).abs() < 1e-9);

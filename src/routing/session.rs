@@ -1,5 +1,7 @@
 //! Sticky sessions (`x-llm-session`): a session id maps to the deployment that last served it,
-//! for `session_ttl`.
+//! for `session_ttl`. The deployment is recorded by its identity (the top bits of
+//! [`Deployment::key_hash`](crate::catalog::Deployment::key_hash)), not its position, so a
+//! session survives a config reload that reorders the catalog.
 //!
 //! A fixed-size, direct-mapped table of atomics: no lock and no allocation on the request
 //! path, bounded memory whatever callers send. It approximates a map: two sessions hashing to
@@ -7,10 +9,7 @@
 //! the other's value for that one request. Affinity is a preference, never a correctness
 //! property (the deployment must still be in the plan and healthy), so both are acceptable.
 
-use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use crate::catalog::DeploymentIdx;
 
 const SLOTS: usize = 1 << 16;
 const EXPIRY_BITS: u32 = 40;
@@ -30,15 +29,6 @@ impl std::fmt::Debug for SessionTable {
     }
 }
 
-/// A stable 64-bit hash (SipHash with fixed keys): the same id maps the same way in every
-/// process, so replicas agree on prefix affinity.
-pub fn stable_hash(bytes: &[u8]) -> u64 {
-    #[allow(deprecated)]
-    let mut h = std::hash::SipHasher::new_with_keys(0x5167_6e61_6c62_6f78, 0x7374_6963_6b79_0001);
-    bytes.hash(&mut h);
-    h.finish()
-}
-
 impl SessionTable {
     pub fn new(ttl_ms: u64) -> Self {
         Self {
@@ -52,8 +42,8 @@ impl SessionTable {
         (hash as usize) & (SLOTS - 1)
     }
 
-    /// The deployment a live session is bound to.
-    pub fn get(&self, session_hash: u64, now_ms: u64) -> Option<DeploymentIdx> {
+    /// The deployment tag (24 bits of its identity hash) a live session is bound to.
+    pub fn get(&self, session_hash: u64, now_ms: u64) -> Option<u64> {
         let i = Self::slot(session_hash);
         if self.tags[i].load(Ordering::Acquire) != session_hash {
             return None;
@@ -63,17 +53,15 @@ impl SessionTable {
         if v == 0 || (now_ms & EXPIRY_MASK) >= expires {
             return None;
         }
-        u32::try_from(v >> EXPIRY_BITS).ok().map(DeploymentIdx)
+        Some(v >> EXPIRY_BITS)
     }
 
-    /// Bind (or refresh) a session.
-    pub fn put(&self, session_hash: u64, d: DeploymentIdx, now_ms: u64) {
-        if d.0 >= (1 << (64 - EXPIRY_BITS)) {
-            return;
-        }
+    /// Bind (or refresh) a session to a deployment tag (`plan::session_tag`, 24 bits).
+    pub fn put(&self, session_hash: u64, tag: u64, now_ms: u64) {
         let i = Self::slot(session_hash);
         let expires = (now_ms + self.ttl_ms) & EXPIRY_MASK;
-        self.values[i].store((u64::from(d.0) << EXPIRY_BITS) | expires, Ordering::Release);
+        let tag = tag & ((1 << (64 - EXPIRY_BITS)) - 1);
+        self.values[i].store((tag << EXPIRY_BITS) | expires, Ordering::Release);
         self.tags[i].store(session_hash, Ordering::Release);
     }
 }
@@ -81,14 +69,15 @@ impl SessionTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::catalog::stable_hash;
 
     #[test]
     fn binds_and_expires() {
         let t = SessionTable::new(1_000);
         let h = stable_hash(b"conversation-42");
         assert_eq!(t.get(h, 10), None);
-        t.put(h, DeploymentIdx(7), 10);
-        assert_eq!(t.get(h, 500), Some(DeploymentIdx(7)));
+        t.put(h, 0xab_cdef, 10);
+        assert_eq!(t.get(h, 500), Some(0xab_cdef));
         assert_eq!(t.get(h ^ 1, 500), None);
         assert_eq!(t.get(h, 1_010), None);
         assert_eq!(stable_hash(b"x"), stable_hash(b"x"));

@@ -1,5 +1,5 @@
-//! The routing snapshot: every route a caller can name, with its candidate order, built
-//! once per config (and, later, per re-ranking) and swapped whole behind an `ArcSwap`.
+//! The routing snapshot: every route a caller can name, with its candidate order, and the
+//! catalog and health records it was built with, swapped whole behind an `ArcSwap`.
 //!
 //! A route is what a `model` string resolves to: a model, an alias, a chain (`auto`,
 //! `auto:<chain>`), an axis (`auto:<axis>`) or a direct `<provider>/<upstream-model>` that
@@ -9,14 +9,14 @@
 //! the middle of a request never changes the plan under it.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use http::HeaderValue;
 
-use std::sync::atomic::AtomicUsize;
-
 use crate::catalog::{Catalog, DeploymentIdx, ProviderIdx};
 use crate::config::{Config, Failover, Limits, RoutingKnobs, Strategy};
+use crate::health::HealthRegistry;
 use crate::metrics::{BoundMetrics, Metrics};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -73,6 +73,8 @@ pub struct Route {
 pub struct Tables {
     pub generation: u64,
     pub catalog: Arc<Catalog>,
+    /// The health records of this catalog's targets (carried across rebuilds by identity).
+    pub health: Arc<HealthRegistry>,
     pub routes: Vec<Route>,
     /// Lower-cased model and alias names.
     names: HashMap<Box<str>, RouteIdx>,
@@ -120,6 +122,7 @@ impl Tables {
     pub fn build(
         config: &Config,
         catalog: Arc<Catalog>,
+        health: Arc<HealthRegistry>,
         metrics: &Metrics,
         generation: u64,
     ) -> Self {
@@ -221,6 +224,7 @@ impl Tables {
         Self {
             generation,
             catalog,
+            health,
             routes,
             names,
             chains,

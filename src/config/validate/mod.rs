@@ -47,13 +47,7 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
     let providers = providers::validate_providers(&file.providers, &failover, &mut errs);
 
     let mut names = names::Namespace::default();
-    let models = models::validate_models(
-        &file.models,
-        &providers,
-        file.health.failure_threshold,
-        &mut names,
-        &mut errs,
-    );
+    let models = models::validate_models(&file.models, &providers, &mut names, &mut errs);
     let aliases = names::validate_aliases(&file.aliases, &mut names, &mut errs);
     let chains = names::validate_chains(&file.chains, &names, &mut errs);
     let active_chain =

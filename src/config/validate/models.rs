@@ -13,11 +13,9 @@ use crate::config::values::is_upstream_model_name;
 use crate::config::ConfigError;
 
 /// Check every model, claiming its name in the shared model/alias namespace.
-/// `failure_threshold` is `health.failure_threshold`, the threshold of models that set none.
 pub(super) fn validate_models(
     file: &BTreeMap<String, ModelSection>,
     providers: &Providers,
-    failure_threshold: u32,
     names: &mut Namespace,
     errs: &mut Vec<ConfigError>,
 ) -> Vec<ModelConfig> {
@@ -28,7 +26,7 @@ pub(super) fn validate_models(
     for (name, section) in file {
         let path = format!("models.{name}");
         names.add_model(name, models.len(), &path, errs);
-        let model = validate_model(name, section, providers, failure_threshold, &path, errs);
+        let model = validate_model(name, section, providers, &path, errs);
         models.push(model);
     }
     models
@@ -38,7 +36,6 @@ fn validate_model(
     name: &str,
     s: &ModelSection,
     providers: &Providers,
-    failure_threshold: u32,
     path: &str,
     errs: &mut Vec<ConfigError>,
 ) -> ModelConfig {
@@ -114,7 +111,7 @@ fn validate_model(
         enabled: s.enabled,
         strategy,
         // Every value is accepted: 0 switches this model's breaker off.
-        failure_threshold: s.failure_threshold.unwrap_or(failure_threshold),
+        failure_threshold: s.failure_threshold,
     }
 }
 

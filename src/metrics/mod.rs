@@ -19,6 +19,11 @@
 //!   produced a response header; latency runs to the end of the response body.
 //! - `requests_in_flight`: requests being handled.
 //! - `config_generation`: the routing snapshot generation serving traffic.
+//!
+//! Health's families (breaker states, ejections, probes, degraded mode) are read from the
+//! registry at scrape time: [`health`].
+
+pub mod health;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -28,86 +33,7 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Counter, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntGauge, Registry};
 
-/// How one upstream call ended. The label values of `attempts_total{outcome}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    /// A 2xx response header arrived and the response was relayed.
-    Ok,
-    /// A 4xx the caller caused (not a failover trigger); relayed in signalbox's words.
-    ClientError,
-    /// 429 from the upstream.
-    RateLimited,
-    /// 401/402/403: the credential was refused.
-    CredentialRejected,
-    /// 404: the upstream does not know the model.
-    ModelNotFound,
-    /// 5xx, 529 and 408.
-    ServerError,
-    /// A status signalbox does not relay (1xx leftovers, 3xx).
-    UnexpectedStatus,
-    ConnectRefused,
-    ConnectTimeout,
-    TlsError,
-    /// Reset or closed before the response header.
-    Reset,
-    /// No response header within the TTFB timeout.
-    Timeout,
-    /// The response broke after bytes reached the client.
-    StreamBroken,
-    /// An empty stream or empty `choices`.
-    Empty,
-    /// The client went away.
-    Cancelled,
-    /// The gateway itself could not open a connection (out of file descriptors, ports or
-    /// memory): not the provider's failure.
-    LocalError,
-}
-
-impl Outcome {
-    pub const ALL: [Outcome; 16] = [
-        Outcome::Ok,
-        Outcome::ClientError,
-        Outcome::RateLimited,
-        Outcome::CredentialRejected,
-        Outcome::ModelNotFound,
-        Outcome::ServerError,
-        Outcome::UnexpectedStatus,
-        Outcome::ConnectRefused,
-        Outcome::ConnectTimeout,
-        Outcome::TlsError,
-        Outcome::Reset,
-        Outcome::Timeout,
-        Outcome::StreamBroken,
-        Outcome::Empty,
-        Outcome::Cancelled,
-        Outcome::LocalError,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Ok => "ok",
-            Outcome::ClientError => "client_error",
-            Outcome::RateLimited => "rate_limited",
-            Outcome::CredentialRejected => "credential_rejected",
-            Outcome::ModelNotFound => "model_not_found",
-            Outcome::ServerError => "server_error",
-            Outcome::UnexpectedStatus => "unexpected_status",
-            Outcome::ConnectRefused => "connect_refused",
-            Outcome::ConnectTimeout => "connect_timeout",
-            Outcome::TlsError => "tls_error",
-            Outcome::Reset => "reset",
-            Outcome::Timeout => "timeout",
-            Outcome::StreamBroken => "stream_broken",
-            Outcome::Empty => "empty",
-            Outcome::Cancelled => "cancelled",
-            Outcome::LocalError => "local_error",
-        }
-    }
-
-    pub fn index(self) -> usize {
-        self as usize
-    }
-}
+use crate::retry::Outcome;
 
 /// Status classes of `requests_total{status_class}`; `none` when no response was written.
 pub const STATUS_CLASSES: [&str; 6] = ["none", "1xx", "2xx", "3xx", "4xx", "5xx"];

@@ -1,0 +1,138 @@
+//! Intake: everything before the first attempt that is about the caller's request itself —
+//! the endpoint and method, the header budget, `Expect: 100-continue`, reading and bounding
+//! the body (arranged for replay, see [`super::body`]) and scanning it once — then handing it
+//! to planning. Signalbox's own answers at this stage (`GET /v1/models`, refusals) are
+//! written here.
+
+use std::sync::Arc;
+
+use http::{header, Method};
+use pingora_proxy::Session;
+
+use super::body::{self, BodyError, Framing};
+use super::ctx::RequestCtx;
+use super::{planning, respond};
+use crate::adapters::openai::ChatRequest;
+use crate::error::{ErrorCode, GatewayError};
+use crate::metrics::Metrics;
+use crate::routing::{Router, Tables};
+
+/// Admit a request: `Ok(true)` when signalbox answered it itself, `Ok(false)` when a first
+/// target is pending for `upstream_peer`.
+pub async fn admit(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    router: &Arc<Router>,
+    metrics: &Metrics,
+) -> pingora_error::Result<bool> {
+    let tables = router.tables.load_full();
+    ctx.route = Some(tables.unresolved);
+    ctx.tables = Some(tables.clone());
+    ctx.router = Some(router.clone());
+    metrics.in_flight.inc();
+    ctx.in_flight = true;
+
+    let req = session.req_header();
+    if req.method == Method::GET && matches!(req.uri.path(), "/v1/models" | "/models") {
+        let body = respond::models_body(&tables);
+        respond::write_json(session, ctx, 200, body, None).await?;
+        return Ok(true);
+    }
+    let admitted = match check_request_line(session, &tables) {
+        Err(refusal) => Err(refusal),
+        Ok(()) => match read_request(session, &tables).await? {
+            Err(refusal) => Err(refusal),
+            Ok(request) => planning::plan_request(session, ctx, router, &tables, request),
+        },
+    };
+    match admitted {
+        Ok(()) => Ok(false),
+        Err(refusal) => {
+            respond::write_error(session, ctx, refusal).await?;
+            Ok(true)
+        }
+    }
+}
+
+/// The request line and headers: the endpoint, the method, the header budget.
+fn check_request_line(session: &Session, tables: &Tables) -> Result<(), GatewayError> {
+    let req = session.req_header();
+    let path = req.uri.path();
+    if !matches!(
+        path,
+        "/v1/chat/completions" | "/chat/completions" | "/v1/models" | "/models"
+    ) {
+        return Err(GatewayError::new(
+            ErrorCode::NotFound,
+            "no such endpoint; signalbox serves POST /v1/chat/completions and GET /v1/models",
+        ));
+    }
+    if req.method != Method::POST || path.ends_with("models") {
+        return Err(GatewayError::new(
+            ErrorCode::MethodNotAllowed,
+            "this endpoint does not take this method",
+        ));
+    }
+    let header_bytes: usize = req
+        .headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum();
+    if header_bytes > tables.limits.max_request_headers {
+        return Err(GatewayError::new(
+            ErrorCode::HeadersTooLarge,
+            "the request headers exceed the gateway's limit",
+        ));
+    }
+    Ok(())
+}
+
+/// Read the whole body (bounded, arranged so Pingora replays it on every attempt) and scan it.
+/// A refusal that leaves body bytes unread also closes the connection after the answer.
+async fn read_request(
+    session: &mut Session,
+    tables: &Tables,
+) -> pingora_error::Result<Result<ChatRequest, GatewayError>> {
+    let limit = tables.limits.max_request_body;
+    let too_large = |session: &mut Session| {
+        session.set_keepalive(None);
+        GatewayError::new(
+            ErrorCode::RequestTooLarge,
+            format!("the request body exceeds the gateway's limit of {limit} bytes"),
+        )
+    };
+    let framing = body::framing(session);
+    if let Framing::Length(n) = framing {
+        if n > limit {
+            return Ok(Err(too_large(session)));
+        }
+    }
+    let expects_continue = session
+        .req_header()
+        .headers
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if expects_continue {
+        session.as_mut().write_continue_response().await?;
+    }
+    let body = match body::read_whole_body(session, framing, limit).await {
+        Ok(b) => b,
+        Err(BodyError::TooLarge) => return Ok(Err(too_large(session))),
+        Err(BodyError::ChunkedTooLarge) => {
+            session.set_keepalive(None);
+            return Ok(Err(GatewayError::new(
+                ErrorCode::LengthRequired,
+                "chunked request bodies over 64KiB are not accepted; send a Content-Length",
+            )));
+        }
+        Err(BodyError::NotReplayable) => {
+            return Ok(Err(GatewayError::new(
+                ErrorCode::HeadersTooLarge,
+                "the request arrived in a way the gateway cannot replay (very large headers ahead of the body); reduce the headers",
+            )));
+        }
+        Err(BodyError::Read(e)) => return Err(e),
+    };
+    Ok(ChatRequest::parse(body)
+        .map_err(|e| GatewayError::new(ErrorCode::InvalidRequest, e.message())))
+}

@@ -1,0 +1,181 @@
+//! The response on its way back: the upstream status decides (relay, refuse in signalbox's
+//! words, or fail over before anything reaches the client); the header gets the routing
+//! headers and commits the request; the body gets the caller's `model` name back (JSON and
+//! every SSE event) and a broken stream gets an in-band error event instead of a clean end.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::{Bytes, BytesMut};
+use http::{header, HeaderName, HeaderValue};
+use pingora_error::{Error, ErrorType};
+use pingora_http::ResponseHeader;
+
+use super::ctx::RequestCtx;
+use super::{planning, respond};
+use crate::adapters::openai::{fixed_json_length, sse_error_event, ChatRequest, ResponseRewriter};
+use crate::retry::{self, Outcome, StatusVerdict};
+
+/// Response headers of the provider that describe its account, not the answer.
+static DROPPED_RESPONSE_HEADERS: [HeaderName; 3] = [
+    header::SET_COOKIE,
+    HeaderName::from_static("openai-organization"),
+    HeaderName::from_static("openai-project"),
+];
+/// Cap on an upstream `Retry-After` relayed to callers.
+const RETRY_AFTER_CAP: Duration = Duration::from_secs(3600);
+
+/// `upstream_response_filter`: classify the status. A failover status returns `Err` before
+/// the header reaches the client, so Pingora's loop calls `upstream_peer` again.
+pub fn on_upstream_header(
+    ctx: &mut RequestCtx,
+    upstream_response: &mut ResponseHeader,
+) -> pingora_error::Result<()> {
+    let status = upstream_response.status.as_u16();
+    if upstream_response.status.is_informational() {
+        return Ok(());
+    }
+    if let Some(a) = ctx.current.as_mut() {
+        a.header_at = Some(Instant::now());
+    }
+    match retry::classify_status(status) {
+        StatusVerdict::Success => {
+            choose_rewriter(ctx, upstream_response);
+            ctx.served = ctx.current;
+            Ok(())
+        }
+        StatusVerdict::Relay => {
+            ctx.rewriter = ResponseRewriter::Replace {
+                status,
+                sniff: BytesMut::new(),
+            };
+            let mut fresh = ResponseHeader::build(status, Some(4))?;
+            fresh.insert_header("content-type", "application/json")?;
+            fresh.insert_header("transfer-encoding", "chunked")?;
+            *upstream_response = fresh;
+            ctx.served = ctx.current;
+            Ok(())
+        }
+        StatusVerdict::Failover { outcome, advance } => {
+            let wall = ctx
+                .router
+                .as_ref()
+                .map_or_else(SystemTime::now, |r| r.health.clock.wall());
+            ctx.retry_after = upstream_response
+                .headers
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| retry::parse_retry_after(v, wall, RETRY_AFTER_CAP));
+            if let (Outcome::RateLimited, Some(wait)) = (outcome, ctx.retry_after) {
+                ctx.failures.note_retry_after(wait.as_secs().max(1));
+            }
+            ctx.status_outcome = Some((outcome, advance));
+            Err(Error::explain(
+                ErrorType::HTTPStatus(status),
+                "upstream status triggers failover",
+            )
+            .into_up())
+        }
+    }
+}
+
+/// How the body of a successful response is rewritten, and its framing to match: an SSE
+/// stream is rewritten event by event (re-framed); a JSON body keeps a length framing when the
+/// upstream gave one (raised to the bound `fixed_json_length` guarantees), else is re-framed.
+/// A compressed body is relayed untouched (signalbox never asks for compression, so only a
+/// provider that ignores `Accept-Encoding` sends one).
+fn choose_rewriter(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader) {
+    let headers = &upstream_response.headers;
+    let encoded = headers
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+    if encoded {
+        return;
+    }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| v.as_bytes())
+        .unwrap_or_default();
+    let caller_model = ctx
+        .request
+        .as_ref()
+        .map(ChatRequest::model_literal)
+        .unwrap_or_default();
+    let mut fixed_len = None;
+    if starts_with_ignore_case(content_type, b"text/event-stream") {
+        ctx.is_sse = true;
+        ctx.rewriter = ResponseRewriter::Sse {
+            caller_model,
+            carry: BytesMut::new(),
+        };
+    } else if starts_with_ignore_case(content_type, b"application/json") {
+        fixed_len = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok())
+            .map(|len| fixed_json_length(len, &caller_model));
+        ctx.rewriter = ResponseRewriter::Json {
+            caller_model,
+            buf: BytesMut::new(),
+            fixed_len,
+        };
+    }
+    if let Some(len) = fixed_len {
+        respond::edit_response_parts(upstream_response, |parts| {
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+        });
+    } else if ctx.rewriter.changes_length() {
+        respond::edit_response_parts(upstream_response, |parts| {
+            parts.headers.remove(header::CONTENT_LENGTH);
+            parts.headers.insert(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
+        });
+    }
+}
+
+/// `response_filter`: routing headers; from here on the request is committed.
+pub fn on_header(ctx: &mut RequestCtx, response: &mut ResponseHeader) {
+    if response.status.is_informational() {
+        return;
+    }
+    respond::add_routing_headers(response, ctx, Instant::now(), &DROPPED_RESPONSE_HEADERS);
+    ctx.status = Some(response.status.as_u16());
+    ctx.committed = true;
+    if response.status.is_success() {
+        planning::bind_session(ctx);
+    }
+}
+
+/// `response_body_filter`: the rewrite, stream accounting, and an error event for a stream
+/// the upstream ended without its terminator.
+pub fn on_body(ctx: &mut RequestCtx, body: &mut Option<Bytes>, end_of_stream: bool) {
+    ctx.rewriter.filter(body, end_of_stream, &mut ctx.stream);
+    if end_of_stream && ctx.is_sse && !ctx.stream.done && !ctx.stream.upstream_error_event {
+        // Say so in-band rather than let a truncated answer look complete.
+        let (msg, code) = if ctx.stream.data_events == 0 {
+            (
+                "the provider ended the stream without producing any output",
+                "upstream_empty_stream",
+            )
+        } else {
+            (
+                "the provider ended the stream before it was complete",
+                "upstream_stream_interrupted",
+            )
+        };
+        let mut out = BytesMut::new();
+        if let Some(b) = body.take() {
+            out.extend_from_slice(&b);
+        }
+        out.extend_from_slice(&sse_error_event(msg, code));
+        *body = Some(out.freeze());
+        ctx.stream_broken = true;
+    }
+}
+
+fn starts_with_ignore_case(hay: &[u8], prefix: &[u8]) -> bool {
+    hay.len() >= prefix.len() && hay[..prefix.len()].eq_ignore_ascii_case(prefix)
+}

@@ -32,6 +32,14 @@ const REQUEST_KEYS: &[&[u8]] = &[
     b"max_completion_tokens",
 ];
 
+/// The name of a wanted request key, for messages.
+fn key_name(w: usize) -> &'static str {
+    REQUEST_KEYS
+        .get(w)
+        .and_then(|k| std::str::from_utf8(k).ok())
+        .unwrap_or("a routing field")
+}
+
 /// Why a request body cannot be routed. Messages are signalbox's own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RequestBodyError {
@@ -42,6 +50,8 @@ pub enum RequestBodyError {
     ModelNotString,
     StreamNotBool,
     DuplicateKey(&'static str),
+    /// A top-level key that differs from this one only in letter case.
+    KeyCase(&'static str),
     BadRouting(String),
 }
 
@@ -55,6 +65,9 @@ impl RequestBodyError {
             RequestBodyError::ModelNotString => "`model` must be a string".into(),
             RequestBodyError::StreamNotBool => "`stream` must be true or false".into(),
             RequestBodyError::DuplicateKey(k) => format!("`{k}` appears more than once").into(),
+            RequestBodyError::KeyCase(k) => {
+                format!("a key that differs from `{k}` only in letter case is ambiguous").into()
+            }
             RequestBodyError::BadRouting(why) => format!("`routing`: {why}").into(),
         }
     }
@@ -93,20 +106,20 @@ pub struct ChatRequest {
 
 impl ChatRequest {
     pub fn parse(body: Bytes) -> Result<Self, RequestBodyError> {
+        // The strict scan accepts only what serde_json accepts and matches keys after decoding
+        // their escapes, so `model`, `stream` and `routing` are what the provider will read.
         let scan = json::scan_object(&body, REQUEST_KEYS).map_err(|e| match e {
             JsonError::Syntax(_) => RequestBodyError::NotJson,
             JsonError::TooDeep => RequestBodyError::TooDeep,
             JsonError::NotAnObject => RequestBodyError::NotAnObject,
         })?;
-        // The upstream may read the last duplicate while we read the first: refuse them.
-        for (w, name) in [
-            (WANT_MODEL, "model"),
-            (WANT_STREAM, "stream"),
-            (WANT_ROUTING, "routing"),
-        ] {
-            if scan.found.iter().filter(|(k, _)| *k == w).count() > 1 {
-                return Err(RequestBodyError::DuplicateKey(name));
-            }
+        // The upstream may read the last duplicate while we read the first, or match keys
+        // regardless of case: refuse both.
+        if let Some(w) = scan.duplicate {
+            return Err(RequestBodyError::DuplicateKey(key_name(w)));
+        }
+        if let Some(w) = scan.alias {
+            return Err(RequestBodyError::KeyCase(key_name(w)));
         }
         let model = scan.get(WANT_MODEL).ok_or(RequestBodyError::MissingModel)?;
         if body.get(model.value.start) != Some(&b'"') {
@@ -446,7 +459,7 @@ fn rewrite_json_object(
     fixed_len: Option<usize>,
     stats: &mut StreamStats,
 ) -> Bytes {
-    let model = json::scan_object(doc, RESPONSE_KEYS).ok().and_then(|scan| {
+    let model = json::scan_object_lenient(doc, RESPONSE_KEYS).ok().and_then(|scan| {
         note_stats(doc, &scan, stats);
         scan.get(0)
             .filter(|m| doc.get(m.value.start) == Some(&b'"'))
@@ -512,7 +525,7 @@ fn rewrite_sse_line(line: &[u8], caller_model: &[u8], stats: &mut StreamStats, o
         out.put_slice(line);
         return;
     }
-    let Ok(scan) = json::scan_object(payload, RESPONSE_KEYS) else {
+    let Ok(scan) = json::scan_object_lenient(payload, RESPONSE_KEYS) else {
         out.put_slice(line);
         return;
     };
@@ -582,6 +595,79 @@ mod tests {
             req(&body).err(),
             Some(RequestBodyError::BadRouting(_))
         ));
+    }
+
+    #[test]
+    fn escaped_keys_are_read_as_the_provider_reads_them() {
+        // Every JSON parser decodes the escape and keeps the last `model`: refused.
+        assert_eq!(
+            req(r#"{"model":"fast","mod\u0065l":"gpt-4-expensive"}"#).err(),
+            Some(RequestBodyError::DuplicateKey("model"))
+        );
+        // Alone, an escaped `model` is the model, and it is the value that gets rewritten.
+        let r = req(r#"{"mod\u0065l":"fast","messages":[]}"#).expect("valid");
+        assert_eq!(r.model_name(), "fast");
+        let out = r.body_for(b"\"up\"");
+        assert_eq!(&out[..], br#"{"mod\u0065l":"up","messages":[]}"#);
+        // An escaped `routing` is applied and stripped.
+        let r = req(r#"{"model":"m","r\u006futing":{"providers":["a"]}}"#).expect("valid");
+        assert_eq!(
+            r.routing.as_ref().and_then(|r| r.providers.clone()),
+            Some(vec!["a".to_string()])
+        );
+        assert_eq!(&r.body_for(b"\"up\"")[..], br#"{"model":"up"}"#);
+        // Every wanted key is refused twice, whatever its spelling.
+        for (body, key) in [
+            (
+                r#"{"model":"m","stream":true,"stre\u0061m":false}"#,
+                "stream",
+            ),
+            (
+                r#"{"model":"m","routing":null,"\u0072outing":{}}"#,
+                "routing",
+            ),
+            (r#"{"model":"m","messages":[],"messages":[]}"#, "messages"),
+            (
+                r#"{"model":"m","max_tokens":1,"max\u005ftokens":2}"#,
+                "max_tokens",
+            ),
+            (
+                r#"{"model":"m","max_completion_tokens":1,"max_completion_tokens":2}"#,
+                "max_completion_tokens",
+            ),
+        ] {
+            assert_eq!(req(body).err(), Some(RequestBodyError::DuplicateKey(key)));
+        }
+        // Case-insensitive readers (Go's encoding/json) would take these for `model`/`stream`.
+        assert_eq!(
+            req(r#"{"model":"fast","Model":"gpt-4-expensive"}"#).err(),
+            Some(RequestBodyError::KeyCase("model"))
+        );
+        assert_eq!(
+            req(r#"{"model":"m","\u017ftream":true}"#).err(),
+            Some(RequestBodyError::KeyCase("stream"))
+        );
+    }
+
+    #[test]
+    fn refuses_what_serde_json_refuses() {
+        for body in [
+            &br#"{"model":"m","messages":[{"content":"\ud83d"}]}"#[..],
+            br#"{"model":"m","messages":[{"content":"\ude00"}]}"#,
+            br#"{"model":"m","temperature":1e400}"#,
+            b"{\"model\":\"m\",\"user\":\"\xff\"}",
+            b"\xef\xbb\xbf{\"model\":\"m\"}",
+        ] {
+            assert!(
+                matches!(
+                    ChatRequest::parse(Bytes::copy_from_slice(body)).err(),
+                    Some(RequestBodyError::NotJson | RequestBodyError::NotAnObject)
+                ),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        assert!(req(r#"{"model":"m","messages":[{"content":"\ud83d\ude00"}]}"#).is_ok());
     }
 
     #[test]

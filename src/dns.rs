@@ -1,7 +1,7 @@
 //! Background DNS refresh for provider hosts.
 //!
 //! Pingora's `HttpPeer::new` resolves names on the worker thread and panics when resolution
-//! fails (pingora#570), so the request path only ever hands it a `SocketAddr` from the
+//! fails, so the request path only ever hands it a `SocketAddr` from the
 //! provider's [`AddrCell`](crate::catalog::AddrCell). This service re-resolves every host
 //! name on an interval with tokio's resolver and swaps in the answer; a failed lookup keeps
 //! the previous addresses (a DNS blip must not take a healthy provider away).
@@ -55,15 +55,6 @@ impl DnsRefresher {
 #[async_trait]
 impl BackgroundService for DnsRefresher {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut tick = tokio::time::interval(self.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // The first tick fires at once; startup already resolved, so skip it.
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tick.tick() => self.refresh().await,
-            }
-        }
+        crate::periodic::every(self.interval, &mut shutdown, || self.refresh()).await;
     }
 }

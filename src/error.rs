@@ -3,7 +3,8 @@
 //! A request error is always answered in the OpenAI shape
 //! `{"error":{"message","type","code"}}` in signalbox's own words: the message is a static
 //! sentence or one built from config names, never upstream text, a base URL or a key. The
-//! `code` strings are part of the contract (DESIGN §6) and double as metric-safe labels.
+//! `code` strings are part of the caller contract (the README lists them) and double as
+//! metric-safe labels.
 
 use std::borrow::Cow;
 

@@ -27,7 +27,8 @@
 //!   planning, the attempt, the response, the failure decision, accounting.
 //! - [`metrics`], [`admin`]: Prometheus metrics (request and health families) and the admin
 //!   listener.
-//! - [`dns`]: background re-resolution of provider hosts.
+//! - [`dns`]: background re-resolution of provider hosts; [`periodic`]: the loop background
+//!   passes share.
 //! - [`server`]: the shared gateway state and the Pingora server assembled from a config.
 //!
 //! The request lifecycle, hook by hook, is the table in [`proxy`]. The mock provider the
@@ -41,6 +42,7 @@ pub mod dns;
 pub mod error;
 pub mod health;
 pub mod metrics;
+pub mod periodic;
 pub mod proxy;
 pub mod retry;
 pub mod routing;

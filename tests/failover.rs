@@ -298,7 +298,18 @@ async fn transient_retries_call_the_same_target_again() {
         "a retry is not a fallback"
     );
     assert_eq!((a.calls(), b.calls()), (2, 0));
-    let metrics = gw.metrics().await;
+    // The request is counted in `logging`, after the response went out: wait for its attempts
+    // (recorded together with any failover) before reading what it counted.
+    let metrics = gw
+        .metrics_with(&[
+            r#"signalbox_attempts_total{provider="a",outcome="reset"} 1"#,
+            r#"signalbox_attempts_total{provider="a",outcome="ok"} 1"#,
+        ])
+        .await;
+    assert!(
+        metrics.contains(r#"signalbox_attempts_total{provider="a",outcome="ok"} 1"#),
+        "the request was never counted:\n{metrics}"
+    );
     let failovers_from_a: f64 = metrics
         .lines()
         .filter(|l| l.starts_with("signalbox_failovers_total{provider=\"a\""))

@@ -353,3 +353,105 @@ async fn a_provider_that_dies_and_recovers_under_load_loses_no_request() {
     let h = admin_health(&gw).await;
     assert_eq!(target(&h, "a")["breaker"], "closed", "{h:#}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failure_threshold_zero_keeps_calling_a_failing_target() {
+    let a = mock("a").await;
+    let b = mock("b").await;
+    a.set_default(status(503));
+    // Globally off: a is called on every request, and never ejected or benched.
+    let gw = Gateway::start(two(&a, &b, "", "{ failure_threshold: 0 }"));
+    for _ in 0..6 {
+        let r = post_chat(&gw, &chat("m")).await;
+        assert_eq!(header(&r, "x-llm-provider"), "b");
+        assert_eq!(header(&r, "x-llm-attempts"), "2");
+    }
+    assert_eq!((a.calls(), b.calls()), (6, 6));
+    let h = admin_health(&gw).await;
+    assert_eq!(target(&h, "a")["state"], "healthy", "{h:#}");
+
+    // Per model: `m` keeps its breaker off while the global threshold ejects at once.
+    let a = mock("a").await;
+    let b = mock("b").await;
+    a.set_default(status(503));
+    let gw = Gateway::start(two(
+        &a,
+        &b,
+        "failure_threshold: 0",
+        "{ failure_threshold: 1 }",
+    ));
+    for _ in 0..4 {
+        assert_eq!(post_chat(&gw, &chat("m")).await.status(), 200);
+    }
+    assert_eq!(a.calls(), 4);
+}
+
+/// A half-open target keeps its ranked place for one real request: with active probes an
+/// hour apart, a recovered primary still gets its traffic back from its healthy fallback.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_recovered_primary_comes_back_without_active_probes() {
+    let a = mock("a").await;
+    let b = mock("b").await;
+    let gw = Gateway::start(two(
+        &a,
+        &b,
+        "strategy: priority",
+        "{ failure_threshold: 1, cooldown: 300ms, probe_interval: 1h }",
+    ));
+    a.push_script([status(503)]);
+    let r = post_chat(&gw, &chat("m")).await;
+    assert_eq!(header(&r, "x-llm-provider"), "b");
+    wait_health(&gw, "a half-open", |h| {
+        target(h, "a")["state"] == "half_open"
+    })
+    .await;
+    // The next request is a's probe, in a's first place: it succeeds and restores a.
+    let r = post_chat(&gw, &chat("m")).await;
+    assert_eq!(header(&r, "x-llm-provider"), "a");
+    assert_eq!(header(&r, "x-llm-attempts"), "1");
+    let h = admin_health(&gw).await;
+    assert_eq!(target(&h, "a")["breaker"], "closed", "{h:#}");
+    assert_eq!(a.model_list_calls(), 0, "no active probe was involved");
+}
+
+/// After the cooldown exactly one in-flight request probes the half-open target; the others
+/// skip it to the next candidate.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_probe_among_sixty_four_concurrent_requests() {
+    let a = mock("a").await;
+    let b = mock("b").await;
+    let gw = Arc::new(Gateway::start(two(
+        &a,
+        &b,
+        "strategy: priority",
+        "{ failure_threshold: 1, cooldown: 300ms, probe_interval: 1h }",
+    )));
+    a.push_script([status(503)]);
+    post_chat(&gw, &chat("m")).await;
+    wait_health(&gw, "a half-open", |h| {
+        target(h, "a")["state"] == "half_open"
+    })
+    .await;
+    // The probe answers slowly, so all 64 requests are in flight while it is.
+    a.set_default(Behaviour::SlowHeader { ms: 2_000 });
+    let (a_before, b_before) = (a.calls(), b.calls());
+    let mut requests = Vec::new();
+    for _ in 0..64 {
+        let gw = gw.clone();
+        requests.push(tokio::spawn(async move {
+            let r = post_chat(&gw, &chat("m")).await;
+            (
+                r.status().as_u16(),
+                header(&r, "x-llm-provider").to_string(),
+            )
+        }));
+    }
+    let mut served = std::collections::HashMap::new();
+    for r in requests {
+        let (status, provider) = r.await.unwrap();
+        assert_eq!(status, 200);
+        *served.entry(provider).or_insert(0) += 1;
+    }
+    assert_eq!((a.calls() - a_before, b.calls() - b_before), (1, 63));
+    assert_eq!(served.get("a"), Some(&1), "{served:?}");
+}

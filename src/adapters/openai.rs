@@ -459,12 +459,14 @@ fn rewrite_json_object(
     fixed_len: Option<usize>,
     stats: &mut StreamStats,
 ) -> Bytes {
-    let model = json::scan_object_lenient(doc, RESPONSE_KEYS).ok().and_then(|scan| {
-        note_stats(doc, &scan, stats);
-        scan.get(0)
-            .filter(|m| doc.get(m.value.start) == Some(&b'"'))
-            .map(|m| m.value.clone())
-    });
+    let model = json::scan_object_lenient(doc, RESPONSE_KEYS)
+        .ok()
+        .and_then(|scan| {
+            note_stats(doc, &scan, stats);
+            scan.get(0)
+                .filter(|m| doc.get(m.value.start) == Some(&b'"'))
+                .map(|m| m.value.clone())
+        });
     let rewritten_len = model
         .as_ref()
         .map_or(doc.len(), |v| doc.len() - v.len() + caller_model.len());

@@ -8,8 +8,7 @@
 
 use std::time::Duration;
 
-use super::schema::CapabilitySection;
-use super::types::{Strategy, Weights};
+use super::vocab::{CapabilitySection, Strategy, Weights};
 
 // === listen ===
 

@@ -18,6 +18,7 @@ pub mod schema;
 pub mod types;
 pub mod validate;
 pub mod values;
+pub mod vocab;
 
 use std::fmt;
 use std::path::Path;

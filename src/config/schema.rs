@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::defaults;
+pub use super::vocab::CapabilitySection;
 
 /// The whole config file.
 #[derive(Debug, Deserialize)]
@@ -96,15 +97,6 @@ pub struct CredentialSection {
     /// Path of a file whose content (trimmed) is the key.
     #[serde(default)]
     pub key_file: Option<String>,
-}
-
-#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Hash)]
-#[serde(rename_all = "snake_case")]
-pub enum CapabilitySection {
-    Stream,
-    Tools,
-    Vision,
-    JsonMode,
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,4 +1,4 @@
-//! Degraded mode (seed `000`): when a large share of providers fails at once, probing and
+//! Degraded mode: when a large share of providers fails at once, probing and
 //! exploring only burn retry budget on dead routes, so the router sticks to the scored order.
 //!
 //! The state follows the healthy-provider ratio (providers with at least one target that can

@@ -199,14 +199,6 @@ impl ProbeService {
 #[async_trait]
 impl BackgroundService for ProbeService {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut tick = tokio::time::interval(self.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tick.tick() => self.prober.run_once().await,
-            }
-        }
+        crate::periodic::every(self.interval, &mut shutdown, || self.prober.run_once()).await;
     }
 }

@@ -74,6 +74,23 @@ struct Bucket {
     fail: AtomicU32,
 }
 
+impl Bucket {
+    /// Make the bucket count for `epoch`: the first writer of a new epoch clears it.
+    fn enter(&self, epoch: u64) -> &Self {
+        let seen = self.epoch.load(Ordering::Relaxed);
+        if seen != epoch
+            && self
+                .epoch
+                .compare_exchange(seen, epoch, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.ok.store(0, Ordering::Relaxed);
+            self.fail.store(0, Ordering::Relaxed);
+        }
+        self
+    }
+}
+
 impl SuccessWindow {
     /// A window of `window_ms`, in ten buckets.
     pub fn new(window_ms: u64) -> Self {
@@ -85,16 +102,7 @@ impl SuccessWindow {
 
     pub fn record(&self, ok: bool, now_ms: u64) {
         let epoch = now_ms / self.bucket_ms;
-        let b = &self.buckets[(epoch % BUCKETS as u64) as usize];
-        let seen = b.epoch.load(Ordering::Relaxed);
-        if seen != epoch
-            && b.epoch
-                .compare_exchange(seen, epoch, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            b.ok.store(0, Ordering::Relaxed);
-            b.fail.store(0, Ordering::Relaxed);
-        }
+        let b = self.buckets[(epoch % BUCKETS as u64) as usize].enter(epoch);
         if ok {
             b.ok.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -150,16 +158,10 @@ impl Default for MinuteCounter {
 impl MinuteCounter {
     pub fn add(&self, now_ms: u64) {
         let sec = now_ms / 1000;
-        let b = &self.seconds[(sec % 60) as usize];
-        let seen = b.epoch.load(Ordering::Relaxed);
-        if seen != sec
-            && b.epoch
-                .compare_exchange(seen, sec, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            b.ok.store(0, Ordering::Relaxed);
-        }
-        b.ok.fetch_add(1, Ordering::Relaxed);
+        self.seconds[(sec % 60) as usize]
+            .enter(sec)
+            .ok
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Requests in the last 60 seconds.

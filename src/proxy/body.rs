@@ -1,5 +1,5 @@
 //! Reading the whole request body in `request_filter` so that Pingora still forwards it, on
-//! every attempt, whatever its size (PINGORA_NOTES.md, "the tail technique").
+//! every attempt, whatever its size ("the tail technique").
 //!
 //! Stock Pingora forwards a body consumed in `request_filter` only through its 64 KiB retry
 //! buffer, which it hands to `request_body_filter(Some(buf), eos = true)` at the start of

@@ -97,6 +97,7 @@ pub struct GatewayBuilder {
     file_name: String,
     listen: Option<(SocketAddr, SocketAddr)>,
     fd_limit: Option<u32>,
+    verbatim: bool,
 }
 
 impl GatewayBuilder {
@@ -108,7 +109,14 @@ impl GatewayBuilder {
             file_name: "signalbox.yaml".to_string(),
             listen: None,
             fd_limit: None,
+            verbatim: false,
         }
+    }
+
+    /// Write the config as given (it names its own listeners: see `listening_on`).
+    pub fn verbatim(mut self) -> Self {
+        self.verbatim = true;
+        self
     }
 
     pub fn env(mut self, k: &str, v: &str) -> Self {
@@ -145,7 +153,7 @@ impl GatewayBuilder {
                 SocketAddr::from(([127, 0, 0, 1], free_port())),
             )
         });
-        let text = if self.file_name.ends_with(".json") {
+        let text = if self.verbatim || self.file_name.ends_with(".json") {
             self.config.clone()
         } else {
             format!(

@@ -396,7 +396,7 @@ impl Deployment {
     /// A deployment for a direct request (`<provider>/<upstream-model>`) to an upstream model
     /// the catalog does not list. `None` if the name cannot be sent in a header or a body.
     pub fn adhoc(provider: &Provider, upstream_model: &str) -> Option<Self> {
-        if !crate::config::validate::is_upstream_model_name(upstream_model) {
+        if !crate::config::is_upstream_model_name(upstream_model) {
             return None;
         }
         let routed_via =
@@ -409,7 +409,7 @@ impl Deployment {
             upstream_model_json: json_string_literal(upstream_model),
             routed_via,
             model_header: HeaderValue::from_str(upstream_model).ok()?,
-            priority: crate::config::validate::DEFAULT_PRIORITY,
+            priority: crate::config::DEFAULT_PRIORITY,
             price: None,
             weight: None,
             rpm: None,
@@ -441,7 +441,7 @@ fn header_value(s: &str) -> Result<HeaderValue, CatalogError> {
 }
 
 /// A JSON string literal for a name already checked to hold no quote, backslash or control
-/// character (see `config::validate::is_upstream_model_name`).
+/// character (see `config::is_upstream_model_name`).
 pub fn json_string_literal(s: &str) -> Bytes {
     let mut v = Vec::with_capacity(s.len() + 2);
     v.push(b'"');

@@ -133,10 +133,7 @@ models:
         assert_eq!(c.failover.max_attempts, 20);
         assert_eq!(c.limits.max_request_body, 16 * 1024 * 1024);
         assert_eq!(c.providers[0].credentials[0].id, "none");
-        assert_eq!(
-            c.models[0].deployments[0].priority,
-            validate::DEFAULT_PRIORITY
-        );
+        assert_eq!(c.models[0].deployments[0].priority, DEFAULT_PRIORITY);
     }
 
     #[test]

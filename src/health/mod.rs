@@ -745,16 +745,7 @@ models:
   n: { deployments: [{ provider: a, model: y }] }
 "#;
 
-    fn obs(outcome: Outcome) -> Observation {
-        Observation {
-            outcome,
-            ttfb: None,
-            latency: None,
-            output_tokens: None,
-            retry_after: None,
-            probe: false,
-        }
-    }
+    use crate::testing::observation as obs;
 
     fn t(d: u32, c: usize) -> TargetRef {
         TargetRef {

@@ -25,17 +25,8 @@ mod routing;
 mod server;
 
 use super::schema::ConfigFile;
+use super::types::Config;
 use super::{ConfigError, ConfigErrors};
-
-// Names that lived in this module before it was split, kept reachable at their old paths
-// (`config::validate::DEFAULT_PRIORITY`, `config::validate::parse_base_url`, ...).
-pub use super::defaults::PRIORITY as DEFAULT_PRIORITY;
-pub use super::types::{
-    AliasConfig, BaseUrl, Capabilities, ChainConfig, Config, CredentialConfig, DegradedPolicy,
-    DeploymentConfig, Failover, HealthPolicy, KeySource, Limits, Listen, ModelConfig, Price,
-    ProviderConfig, ProviderKind, RoutingKnobs, Scheme, Strategy, Weights,
-};
-pub use super::values::{is_upstream_model_name, parse_base_url, parse_size_text, AXIS_NAMES};
 
 /// Turn a parsed file into a checked `Config`, or every error found.
 pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {

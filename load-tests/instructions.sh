@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Instructions per request, counted by callgrind: repeatable whatever else the machine does, so
+# two builds (or signalbox and plain Pingora) compare exactly where a wall-clock run is noise.
+#
+#   load-tests/instructions.sh [BIN_DIR]    # default target/release (signalbox, signalbox-mock,
+#                                           # examples/plain_pingora)
+#
+# For each of signalbox and plain Pingora: one worker thread, signalbox-mock as the upstream
+# (no recording), 300 warm-up requests, counters zeroed, then exactly 2,000 keep-alive
+# requests of 2 KiB (the body of scenario a) and a dump: total instructions / 2,000. Loopback
+# only; every process is stopped at the end. Needs valgrind (callgrind_control), python3, curl.
+set -euo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+BIN="${1:-$REPO/target/release}"
+N=2000
+W="$(mktemp -d /tmp/sb-instr.XXXXXX)"
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; sleep 0.5; kill -9 "${pids[@]}" 2>/dev/null || true; }
+trap cleanup EXIT
+
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() {
+  for _ in $(seq 1 300); do
+    python3 -c "import socket; socket.create_connection(('127.0.0.1',$1),0.2)" 2>/dev/null && return 0
+    sleep 0.2
+  done
+  echo "instructions.sh: port $1 never opened" >&2; exit 1
+}
+# measure NAME PROXY_PORT: warm up, zero, N requests, dump; prints instructions per request.
+measure() {
+  local name=$1 proxy=$2 vpid
+  wait_port "$proxy"
+  python3 "$REPO/load-tests/lib/fixed_client.py" "$proxy" 300 > /dev/null
+  vpid=$(pgrep -f "valgrind.*$W/$name" | head -1)
+  callgrind_control -z "$vpid" > /dev/null
+  local ok
+  ok=$(python3 "$REPO/load-tests/lib/fixed_client.py" "$proxy" "$N")
+  callgrind_control -d "$vpid" > /dev/null
+  sleep 1
+  local total
+  total=$(grep -h -m1 '^summary:' "$W/$name".*.1 | awk '{print $2}')
+  [ "$ok" = "$N" ] || { echo "instructions.sh: $name answered $ok of $N" >&2; exit 1; }
+  echo "$name: $((total / N)) instructions per request"
+}
+
+MOCK=$(port)
+"$BIN/signalbox-mock" --listen "127.0.0.1:$MOCK" --no-record --threads 1 > "$W/mock.log" 2>&1 &
+pids+=($!)
+wait_port "$MOCK"
+
+PROXY=$(port); ADMIN=$(port)
+cat > "$W/signalbox.yaml" <<EOC
+listen: { proxy: "127.0.0.1:$PROXY", admin: "127.0.0.1:$ADMIN" }
+pingora: { threads: 1, pid_file: "$W/pid", upgrade_sock: "$W/sock", grace_period_seconds: 0, graceful_shutdown_timeout_seconds: 1 }
+providers:
+  p: { kind: openai, base_url: "http://127.0.0.1:$MOCK/v1", credentials: [{ id: k, key_env: LT_KEY }] }
+models:
+  lt-model: { deployments: [{ provider: p, model: lt-upstream-model }] }
+aliases: { lt: lt-model }
+EOC
+LT_KEY=sk-upstream RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$W/signalbox.%p" \
+  "$BIN/signalbox" -c "$W/signalbox.yaml" > "$W/signalbox.log" 2>&1 &
+pids+=($!)
+measure signalbox "$PROXY"
+
+PLAIN=$(port)
+valgrind --tool=callgrind --callgrind-out-file="$W/pingora.%p" \
+  "$BIN/examples/plain_pingora" "127.0.0.1:$PLAIN" "127.0.0.1:$MOCK" 1 > "$W/pingora.log" 2>&1 &
+pids+=($!)
+measure pingora "$PLAIN"

@@ -13,6 +13,7 @@
 //! - [`values`]: parsers of single values (durations, sizes, URLs, addresses) and name rules;
 //! - [`validate`]: the checks, one file per section, and [`validate::validate`].
 
+pub mod condition;
 pub mod defaults;
 pub mod schema;
 pub mod types;
@@ -26,8 +27,9 @@ use std::path::Path;
 pub use defaults::PRIORITY as DEFAULT_PRIORITY;
 pub use types::{
     AliasConfig, BaseUrl, Capabilities, ChainConfig, Config, CredentialConfig, DegradedPolicy,
-    DeploymentConfig, Failover, HealthPolicy, KeySource, Limits, Listen, ModelConfig, Price,
-    ProviderConfig, ProviderKind, RoutingKnobs, Scheme, Strategy, Weights,
+    DeploymentConfig, Failover, HealthPolicy, KeySource, Limits, Listen, ModelConfig, PolicyConfig,
+    PolicyTarget, Price, ProviderConfig, ProviderKind, RouterConfig, RoutingKnobs, RuleConfig,
+    RuleTarget, Scheme, SelectEntry, Strategy, Weights,
 };
 pub use values::{is_upstream_model_name, parse_base_url, parse_size_text, AXIS_NAMES};
 

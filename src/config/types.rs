@@ -10,6 +10,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::condition::Condition;
 use super::defaults;
 use super::schema::PingoraSection;
 pub use super::vocab::{Strategy, Weights};
@@ -23,6 +24,10 @@ pub struct Config {
     pub aliases: Vec<AliasConfig>,
     pub chains: Vec<ChainConfig>,
     pub active_chain: Option<usize>,
+    /// Named routing policies (`policies`), in name order.
+    pub policies: Vec<PolicyConfig>,
+    /// Conditional rules for `auto` (`rules`), in the order written.
+    pub rules: Vec<RuleConfig>,
     pub failover: Failover,
     pub limits: Limits,
     pub health: HealthPolicy,
@@ -269,4 +274,80 @@ pub struct Failover {
 pub struct Limits {
     pub max_request_body: usize,
     pub max_request_headers: usize,
+}
+
+/// A named routing policy (`policies.<name>`): where a request starts (`select`), what it
+/// falls back to (`on_failure`), and its own limits. Callable as a model name, by
+/// `x-llm-route`, or by `routing.policy`.
+#[derive(Debug, Clone)]
+pub struct PolicyConfig {
+    pub name: String,
+    /// Evaluated in order: the first entry whose `when` holds (or that has none) selects.
+    pub select: Vec<SelectEntry>,
+    /// Models (indices into `Config::models`) tried in order after the selected ones.
+    pub on_failure: Vec<usize>,
+    /// Orders each model's deployments; `None` = each model's own strategy.
+    pub strategy: Option<Strategy>,
+    /// A 400 from a provider moves on to the next candidate instead of being relayed.
+    pub failover_on_client_error: bool,
+    /// Upstream calls per request under this policy; `None` = `failover.max_attempts`.
+    pub max_attempts: Option<u32>,
+}
+
+/// One `select` entry of a policy.
+#[derive(Debug, Clone)]
+pub struct SelectEntry {
+    /// `None`: always matches.
+    pub when: Option<Condition>,
+    pub router: RouterConfig,
+}
+
+/// How a `select` entry orders its targets for one request.
+#[derive(Debug, Clone)]
+pub enum RouterConfig {
+    /// A fresh draw per request by normalised weights picks the target that leads; the other
+    /// targets follow in the order written. A target without a positive weight never leads.
+    Weighted(Vec<PolicyTarget>),
+    /// In the order written; a target with no room (every deployment's `rpm` window full) is
+    /// skipped without a call (spill-over).
+    Priority(Vec<PolicyTarget>),
+    /// The request's complexity tier (a heuristic over the request) leads; the other tiers
+    /// follow, nearest first. Models are indices into `Config::models`.
+    Complexity {
+        simple: usize,
+        medium: usize,
+        complex: usize,
+    },
+    /// Every target's deployments ordered together by one strategy.
+    Strategy {
+        strategy: Strategy,
+        targets: Vec<PolicyTarget>,
+    },
+}
+
+/// A model a `select` entry names, with its weight under the weighted router.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PolicyTarget {
+    /// Index into `Config::models` (an alias is resolved to its model).
+    pub model: usize,
+    pub weight: Option<f64>,
+}
+
+/// A conditional rule (`rules[n]`): when the request names `auto` and `when` holds, it goes
+/// to `then` instead of the active chain. The first rule that holds wins.
+#[derive(Debug, Clone)]
+pub struct RuleConfig {
+    pub when: Condition,
+    pub then: RuleTarget,
+}
+
+/// Where a rule sends a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuleTarget {
+    /// `auto:<chain>`: an index into `Config::chains`.
+    Chain(usize),
+    /// `auto:<axis>`: an axis name as written (lower-cased), one of `AXIS_NAMES`.
+    Axis(String),
+    /// A policy name: an index into `Config::policies`.
+    Policy(usize),
 }

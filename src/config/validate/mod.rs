@@ -58,6 +58,8 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
         aliases,
         chains,
         active_chain,
+        policies: Vec::new(),
+        rules: Vec::new(),
         failover,
         limits,
         health,

@@ -107,6 +107,9 @@ pub struct GatewayError {
     pub message: Cow<'static, str>,
     /// Seconds for a `Retry-After` header.
     pub retry_after: Option<u64>,
+    /// Why candidates were skipped, by reason (a `no_provider_available` answer): reason
+    /// names and counts, never a provider.
+    pub skipped: Vec<(&'static str, u16)>,
 }
 
 impl GatewayError {
@@ -116,6 +119,7 @@ impl GatewayError {
             status: code.status(),
             message: message.into(),
             retry_after: None,
+            skipped: Vec::new(),
         }
     }
 
@@ -130,9 +134,36 @@ impl GatewayError {
         self
     }
 
-    /// The JSON body.
+    /// Say why candidates were skipped (reason names and counts), in the message too.
+    pub fn with_skipped(mut self, skipped: Vec<(&'static str, u16)>) -> Self {
+        if !skipped.is_empty() {
+            let reasons: Vec<String> = skipped.iter().map(|(r, n)| format!("{n} {r}")).collect();
+            self.message = format!("{} (skipped: {})", self.message, reasons.join(", ")).into();
+        }
+        self.skipped = skipped;
+        self
+    }
+
+    /// The JSON body: the OpenAI error shape, with the skip reasons under `error.skipped`
+    /// when there are any.
     pub fn body(&self) -> Bytes {
-        error_json(&self.message, self.code.error_type(), self.code.as_str())
+        if self.skipped.is_empty() {
+            return error_json(&self.message, self.code.error_type(), self.code.as_str());
+        }
+        let skipped: serde_json::Map<String, serde_json::Value> = self
+            .skipped
+            .iter()
+            .map(|(r, n)| ((*r).to_string(), serde_json::Value::from(*n)))
+            .collect();
+        let v = serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.code.error_type(),
+                "code": self.code.as_str(),
+                "skipped": skipped,
+            }
+        });
+        Bytes::from(v.to_string())
     }
 }
 

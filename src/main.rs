@@ -38,10 +38,22 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Print the plan a request naming MODEL would get, without calling any provider.
+    /// Print the plan a request would get, without calling any provider: the route and how
+    /// it was chosen, every candidate kept or skipped with its reason, the attempt order.
     Explain {
-        /// The `model` string a caller would send.
-        model: String,
+        /// The `model` string a caller would send (replaces the body's `model`).
+        model: Option<String>,
+        /// A request header, `NAME:VALUE` (`x-llm-route`, `x-llm-router`, `x-llm-metadata`);
+        /// repeat for several.
+        #[arg(long = "header", value_name = "NAME:VALUE")]
+        headers: Vec<String>,
+        /// A file holding the request body as a caller would send it (default: a one-message
+        /// chat request).
+        #[arg(long = "body", value_name = "FILE")]
+        body: Option<PathBuf>,
+        /// Print the explanation as JSON (as `POST /admin/explain` answers).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -76,12 +88,20 @@ fn main() -> ExitCode {
     for w in &warnings {
         tracing::warn!("{}", w.0);
     }
-    if let Some(Command::Explain { model }) = &cli.command {
-        print!(
-            "{}",
-            signalbox::routing::explain::explain(&state.router, model)
+    if let Some(Command::Explain {
+        model,
+        headers,
+        body,
+        json,
+    }) = &cli.command
+    {
+        return explain(
+            &state.router,
+            model.as_deref(),
+            headers,
+            body.as_deref(),
+            *json,
         );
-        return ExitCode::SUCCESS;
     }
 
     tracing::info!(
@@ -93,4 +113,60 @@ fn main() -> ExitCode {
     );
     let server = signalbox::server::build_server(&config, state, cli.upgrade, cli.daemon);
     server.run_forever()
+}
+
+/// `signalbox explain`: build the request, explain it, print the answer.
+fn explain(
+    router: &signalbox::routing::Router,
+    model: Option<&str>,
+    headers: &[String],
+    body: Option<&std::path::Path>,
+    json: bool,
+) -> ExitCode {
+    let mut request: serde_json::Value = match body {
+        None => serde_json::json!({ "messages": [{ "role": "user", "content": "Say hello." }] }),
+        Some(path) => match std::fs::read(path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+        {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("signalbox: cannot read the body {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        },
+    };
+    if let (Some(model), Some(obj)) = (model, request.as_object_mut()) {
+        obj.insert("model".to_string(), serde_json::Value::from(model));
+    }
+    let mut pairs = Vec::with_capacity(headers.len());
+    for h in headers {
+        let Some((name, value)) = h.split_once(':') else {
+            eprintln!("signalbox: --header {h:?}: write it NAME:VALUE");
+            return ExitCode::from(2);
+        };
+        pairs.push((
+            name.trim().to_ascii_lowercase(),
+            value.trim().as_bytes().to_vec(),
+        ));
+    }
+    let answer = signalbox::routing::explain::explain(
+        router,
+        bytes::Bytes::from(request.to_string()),
+        |name| {
+            pairs
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_slice())
+        },
+    );
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&answer).unwrap_or_default()
+        );
+    } else {
+        print!("{}", signalbox::routing::explain::render_text(&answer));
+    }
+    ExitCode::SUCCESS
 }

@@ -113,6 +113,8 @@ pub enum NoCall {
     NotConfigured,
     /// Candidates exist but none can take a request now (ejected, benched, disabled, ...).
     Unavailable,
+    /// Every candidate's `rpm` window is full.
+    RateLimited,
 }
 
 /// Failures worth calling the same target again (`failover.transient_retries`): the target
@@ -294,6 +296,12 @@ impl FailureLog {
                 return GatewayError::new(
                     ErrorCode::ProviderNotConfigured,
                     "no candidate for this model has a usable provider credential configured",
+                );
+            }
+            if no_call == NoCall::RateLimited {
+                return GatewayError::new(
+                    ErrorCode::RateLimited,
+                    "every candidate for this model is at its requests-per-minute limit; retry later",
                 );
             }
             return GatewayError::new(

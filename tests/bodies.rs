@@ -206,7 +206,8 @@ async fn each_attempt_is_rewritten_for_its_target() {
         .header("authorization", "Bearer client-key")
         .header("x-api-key", "client-key-2")
         .header("api-key", "client-key-3")
-        .header("x-llm-route", "something")
+        .header("x-llm-metadata", r#"{"team":"search"}"#)
+        .header("x-llm-router", "off")
         .body(body)
         .send()
         .await
@@ -228,7 +229,8 @@ async fn each_attempt_is_rewritten_for_its_target() {
     for r in [ra, rb] {
         assert!(r.header("x-api-key").is_none());
         assert!(r.header("api-key").is_none());
-        assert!(r.header("x-llm-route").is_none());
+        assert!(r.header("x-llm-metadata").is_none());
+        assert!(r.header("x-llm-router").is_none());
         assert!(r.header("expect").is_none());
     }
     let expected_b =

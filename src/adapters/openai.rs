@@ -23,6 +23,9 @@ const WANT_ROUTING: usize = 2;
 const WANT_MESSAGES: usize = 3;
 const WANT_MAX_TOKENS: usize = 4;
 const WANT_MAX_COMPLETION_TOKENS: usize = 5;
+const WANT_TOOLS: usize = 6;
+const WANT_FUNCTIONS: usize = 7;
+const WANT_RESPONSE_FORMAT: usize = 8;
 const REQUEST_KEYS: &[&[u8]] = &[
     b"model",
     b"stream",
@@ -30,6 +33,9 @@ const REQUEST_KEYS: &[&[u8]] = &[
     b"messages",
     b"max_tokens",
     b"max_completion_tokens",
+    b"tools",
+    b"functions",
+    b"response_format",
 ];
 
 /// The name of a wanted request key, for messages.
@@ -102,6 +108,19 @@ pub struct ChatRequest {
     messages: Option<Range<usize>>,
     /// `max_completion_tokens` or `max_tokens`, when a plain non-negative integer.
     pub max_tokens: Option<u64>,
+    /// What the request needs from a model.
+    pub needs: Needs,
+}
+
+/// What a request needs from the model that serves it, derived once from its body: a stream
+/// (`stream: true`), tools (a non-empty `tools` or `functions`), vision (an image part in
+/// `messages`), JSON mode (`response_format` of type `json_object` or `json_schema`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Needs {
+    pub stream: bool,
+    pub tools: bool,
+    pub vision: bool,
+    pub json_mode: bool,
 }
 
 impl ChatRequest {
@@ -160,6 +179,17 @@ impl ChatRequest {
         };
         let max_tokens = int_of(WANT_MAX_COMPLETION_TOKENS).or_else(|| int_of(WANT_MAX_TOKENS));
         let messages = scan.get(WANT_MESSAGES).map(|m| m.value.clone());
+        let value = |w: usize| scan.get(w).map(|m| &body[m.value.clone()]);
+        let needs = Needs {
+            stream,
+            tools: [WANT_TOOLS, WANT_FUNCTIONS]
+                .iter()
+                .any(|&w| value(w).is_some_and(non_empty_array)),
+            vision: messages
+                .as_ref()
+                .is_some_and(|m| has_image_part(&body[m.clone()])),
+            json_mode: value(WANT_RESPONSE_FORMAT).is_some_and(is_json_format),
+        };
         Ok(Self {
             model: model.value.clone(),
             stream,
@@ -167,8 +197,33 @@ impl ChatRequest {
             routing_removal,
             messages,
             max_tokens,
+            needs,
             body,
         })
+    }
+
+    /// An estimate of the prompt's tokens: its bytes over four (about right for English
+    /// JSON; an estimate decides eligibility and cost, never what is sent).
+    pub fn prompt_tokens(&self) -> u64 {
+        (self.prompt().len() as u64).div_ceil(4)
+    }
+
+    /// The request's complexity tier, from a cheap heuristic over the prompt: one point each
+    /// for a long prompt (over 2,000 estimated tokens; two over 8,000), code (a fenced block),
+    /// tools, and a long conversation (over 6 messages). 0 → simple, 1–2 → medium, 3 or more →
+    /// complex.
+    pub fn complexity(&self) -> Complexity {
+        let prompt = self.prompt();
+        let tokens = self.prompt_tokens();
+        let mut score = u32::from(tokens > 2_000) + u32::from(tokens > 8_000);
+        score += u32::from(memchr::memmem::find(prompt, b"```").is_some());
+        score += u32::from(self.needs.tools);
+        score += u32::from(memchr::memmem::find_iter(prompt, b"\"role\"").count() > 6);
+        match score {
+            0 => Complexity::Simple,
+            1 | 2 => Complexity::Medium,
+            _ => Complexity::Complex,
+        }
     }
 
     /// The prompt as raw JSON (the `messages` value), or the whole body without one.
@@ -218,6 +273,62 @@ impl ChatRequest {
         out.put_slice(&self.body[at..]);
         out.freeze()
     }
+}
+
+/// A request's complexity tier (the `complexity` router's input).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Complexity {
+    Simple,
+    Medium,
+    Complex,
+}
+
+impl Complexity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Complexity::Simple => "simple",
+            Complexity::Medium => "medium",
+            Complexity::Complex => "complex",
+        }
+    }
+}
+
+/// A JSON array with at least one element.
+fn non_empty_array(v: &[u8]) -> bool {
+    v.first() == Some(&b'[')
+        && v[1..]
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .is_some_and(|b| *b != b']')
+}
+
+/// `response_format` asks for JSON: `{"type": "json_object" | "json_schema", ...}`.
+fn is_json_format(v: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Format<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Option<Cow<'a, str>>,
+    }
+    serde_json::from_slice::<Format<'_>>(v)
+        .ok()
+        .and_then(|f| f.kind)
+        .is_some_and(|k| matches!(&*k, "json_object" | "json_schema"))
+}
+
+/// Whether `messages` holds an image part (`{"type": "image_url"}` and the like). A cheap
+/// search first; only a prompt that mentions one is parsed to be sure.
+fn has_image_part(messages: &[u8]) -> bool {
+    if memchr::memmem::find(messages, b"image").is_none() {
+        return false;
+    }
+    let Ok(serde_json::Value::Array(list)) = serde_json::from_slice(messages) else {
+        return false;
+    };
+    list.iter()
+        .filter_map(|m| m.get("content").and_then(|c| c.as_array()))
+        .flatten()
+        .filter_map(|part| part.get("type").and_then(|t| t.as_str()))
+        .any(|t| matches!(t, "image_url" | "image" | "input_image"))
 }
 
 fn routing_error_text(e: &serde_json::Error) -> String {

@@ -180,7 +180,8 @@ pub struct Model {
     pub name_header: HeaderValue,
     pub capability: u8,
     pub context_window: Option<u32>,
-    pub capabilities: Capabilities,
+    /// `None`: not declared (requests are not filtered on capabilities).
+    pub capabilities: Option<Capabilities>,
     /// Deployments in priority order (stable: ties keep the configured order).
     pub deployments: Vec<DeploymentIdx>,
     pub enabled: bool,

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use super::vocab::{CapabilitySection, Strategy, Weights};
+use super::vocab::{Strategy, Weights};
 
 // === listen ===
 
@@ -28,8 +28,6 @@ pub const PROVIDER_ENABLED: bool = true;
 
 /// `models.<name>.capability`: the capability tier.
 pub const CAPABILITY: u8 = 1;
-/// `models.<name>.capabilities`: streaming only.
-pub const CAPABILITIES: &[CapabilitySection] = &[CapabilitySection::Stream];
 /// `models.<name>.enabled`.
 pub const MODEL_ENABLED: bool = true;
 /// `models.<name>.strategy`.

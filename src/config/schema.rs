@@ -106,8 +106,9 @@ pub struct ModelSection {
     pub capability: u8,
     #[serde(default)]
     pub context_window: Option<u32>,
-    #[serde(default = "default_capabilities")]
-    pub capabilities: Vec<CapabilitySection>,
+    /// What the model supports; absent = not declared, and requests are not filtered on it.
+    #[serde(default)]
+    pub capabilities: Option<Vec<CapabilitySection>>,
     pub deployments: Vec<DeploymentSection>,
     #[serde(default = "default_model_enabled")]
     pub enabled: bool,
@@ -362,9 +363,6 @@ pub fn default_provider_enabled() -> bool {
 
 pub fn default_capability() -> u8 {
     defaults::CAPABILITY
-}
-pub fn default_capabilities() -> Vec<CapabilitySection> {
-    defaults::CAPABILITIES.to_vec()
 }
 pub fn default_model_enabled() -> bool {
     defaults::MODEL_ENABLED

@@ -227,8 +227,10 @@ pub struct DeploymentConfig {
 pub struct ModelConfig {
     pub name: String,
     pub capability: u8,
+    /// `None`: not declared; requests are not filtered on capabilities.
     pub context_window: Option<u32>,
-    pub capabilities: Capabilities,
+    /// `None`: not declared; requests are not filtered on capabilities.
+    pub capabilities: Option<Capabilities>,
     pub deployments: Vec<DeploymentConfig>,
     pub enabled: bool,
     pub strategy: Strategy,

@@ -164,6 +164,21 @@ impl MinuteCounter {
             .fetch_add(1, Ordering::Relaxed);
     }
 
+    /// When the oldest request counted in the window leaves it (the window has room again).
+    pub fn frees_at(&self, now_ms: u64) -> u64 {
+        let sec = now_ms / 1000;
+        let oldest = sec.saturating_sub(59);
+        self.seconds
+            .iter()
+            .filter(|b| {
+                let e = b.epoch.load(Ordering::Relaxed);
+                e >= oldest && e <= sec && b.ok.load(Ordering::Relaxed) > 0
+            })
+            .map(|b| b.epoch.load(Ordering::Relaxed))
+            .min()
+            .map_or(now_ms, |s| (s + 60) * 1000)
+    }
+
     /// Requests in the last 60 seconds.
     pub fn last_minute(&self, now_ms: u64) -> u32 {
         let sec = now_ms / 1000;

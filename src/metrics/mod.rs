@@ -19,6 +19,10 @@
 //!   produced a response header; latency runs to the end of the response body.
 //! - `requests_in_flight`: requests being handled.
 //! - `config_generation`: the routing snapshot generation serving traffic.
+//! - `rule_matches_total{rule}`: requests a conditional rule sent (`rule:<n>`).
+//! - `policy_selections_total{policy, entry}`: the `select` entry that held (`none`: no entry
+//!   held and the policy's `on_failure` models served).
+//! - `skipped_candidates_total{reason}`: candidates passed over without a call.
 //!
 //! Health's families (breaker states, ejections, probes, degraded mode) are read from the
 //! registry at scrape time: [`health`].
@@ -79,8 +83,14 @@ impl DenseTable {
     /// same snapshot; ignoring beats panicking on the request path).
     #[inline]
     pub fn inc(&self, idx: &[usize]) {
+        self.add(idx, 1);
+    }
+
+    /// Add `n` (out-of-range indices are ignored, as for [`inc`](Self::inc)).
+    #[inline]
+    pub fn add(&self, idx: &[usize], n: u64) {
         if let Some(off) = self.offset(idx) {
-            self.values[off].fetch_add(1, Ordering::Relaxed);
+            self.values[off].fetch_add(n, Ordering::Relaxed);
         }
     }
 
@@ -201,6 +211,22 @@ pub struct ProviderMetrics {
     pub ttfb: Histogram,
 }
 
+/// The label values a routing snapshot binds: all from the config or fixed lists.
+#[derive(Debug, Clone, Default)]
+pub struct RoutingLabels {
+    /// Distinct route labels (`model:m`, `policy:p`, ...).
+    pub routes: Vec<Arc<str>>,
+    pub providers: Vec<Arc<str>>,
+    /// `rule:<n>` of every rule.
+    pub rules: Vec<Arc<str>>,
+    /// Policy names.
+    pub policies: Vec<Arc<str>>,
+    /// The most `select` entries a policy has.
+    pub entries: usize,
+    /// The reasons a candidate can be skipped for.
+    pub skip_reasons: Vec<Arc<str>>,
+}
+
 /// Per-snapshot handles: what the request path touches.
 #[derive(Debug, Clone)]
 pub struct BoundMetrics {
@@ -210,6 +236,12 @@ pub struct BoundMetrics {
     pub attempts: Arc<DenseTable>,
     /// `[provider, reason]` where reason is an [`Outcome`].
     pub failovers: Arc<DenseTable>,
+    /// `[rule]`.
+    pub rule_matches: Arc<DenseTable>,
+    /// `[policy, entry]`; entry index `entries` is `none`.
+    pub policy_selections: Arc<DenseTable>,
+    /// `[reason]`.
+    pub skipped: Arc<DenseTable>,
     pub providers: Vec<ProviderMetrics>,
 }
 
@@ -219,6 +251,9 @@ pub struct Metrics {
     requests: Arc<DenseCounters>,
     attempts: Arc<DenseCounters>,
     failovers: Arc<DenseCounters>,
+    rule_matches: Arc<DenseCounters>,
+    policy_selections: Arc<DenseCounters>,
+    skipped: Arc<DenseCounters>,
     latency: HistogramVec,
     ttfb: HistogramVec,
     pub in_flight: IntGauge,
@@ -249,6 +284,21 @@ impl Metrics {
             "Moves to the next candidate, by the provider that failed and why.",
             &["provider", "reason"],
         )?);
+        let rule_matches = Arc::new(DenseCounters::new(
+            "signalbox_rule_matches_total",
+            "Requests for `auto` a conditional rule sent elsewhere, by rule.",
+            &["rule"],
+        )?);
+        let policy_selections = Arc::new(DenseCounters::new(
+            "signalbox_policy_selections_total",
+            "Requests a policy served, by the select entry that held (none: on_failure only).",
+            &["policy", "entry"],
+        )?);
+        let skipped = Arc::new(DenseCounters::new(
+            "signalbox_skipped_candidates_total",
+            "Candidates passed over without a call, by reason.",
+            &["reason"],
+        )?);
         let latency = HistogramVec::new(
             HistogramOpts::new(
                 "signalbox_upstream_latency_seconds",
@@ -276,6 +326,9 @@ impl Metrics {
         registry.register(Box::new(ArcCollector(requests.clone())))?;
         registry.register(Box::new(ArcCollector(attempts.clone())))?;
         registry.register(Box::new(ArcCollector(failovers.clone())))?;
+        registry.register(Box::new(ArcCollector(rule_matches.clone())))?;
+        registry.register(Box::new(ArcCollector(policy_selections.clone())))?;
+        registry.register(Box::new(ArcCollector(skipped.clone())))?;
         registry.register(Box::new(latency.clone()))?;
         registry.register(Box::new(ttfb.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
@@ -285,6 +338,9 @@ impl Metrics {
             requests,
             attempts,
             failovers,
+            rule_matches,
+            policy_selections,
+            skipped,
             latency,
             ttfb,
             in_flight,
@@ -298,21 +354,36 @@ impl Metrics {
         self.registry.register(c)
     }
 
-    /// Resolve handles for a snapshot's routes and providers.
-    pub fn bind(&self, routes: &[Arc<str>], providers: &[Arc<str>]) -> BoundMetrics {
+    /// Resolve handles for a snapshot's label values.
+    pub fn bind(&self, labels: &RoutingLabels) -> BoundMetrics {
+        let providers = &labels.providers;
         let provider_values: LabelValues = providers.iter().cloned().collect();
-        let mut with_none: Vec<Arc<str>> = providers.to_vec();
+        let mut with_none: Vec<Arc<str>> = providers.clone();
         with_none.push(Arc::from("none"));
         let with_none: LabelValues = with_none.into();
         let classes: LabelValues = STATUS_CLASSES.iter().map(|s| Arc::from(*s)).collect();
         let outcomes: LabelValues = Outcome::ALL.iter().map(|o| Arc::from(o.as_str())).collect();
-        let routes: LabelValues = routes.iter().cloned().collect();
+        let routes: LabelValues = labels.routes.iter().cloned().collect();
+        let mut entries: Vec<Arc<str>> = (0..labels.entries)
+            .map(|i| Arc::from(itoa::Buffer::new().format(i)))
+            .collect();
+        entries.push(Arc::from("none"));
         BoundMetrics {
             requests: self.requests.rebind(vec![routes, with_none, classes]),
             attempts: self
                 .attempts
                 .rebind(vec![provider_values.clone(), outcomes.clone()]),
             failovers: self.failovers.rebind(vec![provider_values, outcomes]),
+            rule_matches: self
+                .rule_matches
+                .rebind(vec![labels.rules.iter().cloned().collect()]),
+            policy_selections: self.policy_selections.rebind(vec![
+                labels.policies.iter().cloned().collect(),
+                entries.into(),
+            ]),
+            skipped: self
+                .skipped
+                .rebind(vec![labels.skip_reasons.iter().cloned().collect()]),
             providers: providers
                 .iter()
                 .map(|p| ProviderMetrics {
@@ -357,7 +428,11 @@ mod tests {
     #[test]
     fn dense_counters_render_and_carry_over() {
         let m = Metrics::new().expect("metrics");
-        let b = m.bind(&labels(&["model:m", "chain:c"]), &labels(&["a", "b"]));
+        let b = m.bind(&RoutingLabels {
+            routes: labels(&["model:m", "chain:c"]),
+            providers: labels(&["a", "b"]),
+            ..RoutingLabels::default()
+        });
         b.requests.inc(&[1, 0, 2]);
         b.requests.inc(&[1, 0, 2]);
         b.attempts.inc(&[1, Outcome::ServerError.index()]);
@@ -370,7 +445,11 @@ mod tests {
         );
         assert!(text.contains(r#"signalbox_attempts_total{provider="b",outcome="server_error"} 1"#));
         // A new snapshot with another provider order keeps the counts.
-        let b2 = m.bind(&labels(&["chain:c"]), &labels(&["b", "a"]));
+        let b2 = m.bind(&RoutingLabels {
+            routes: labels(&["chain:c"]),
+            providers: labels(&["b", "a"]),
+            ..RoutingLabels::default()
+        });
         assert_eq!(b2.requests.get(&[0, 1, 2]), 2);
         assert_eq!(b2.attempts.get(&[0, Outcome::ServerError.index()]), 1);
         // Out-of-range indices are ignored, not a panic.

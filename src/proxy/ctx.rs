@@ -17,6 +17,7 @@ use crate::catalog::ProviderIdx;
 use crate::error::GatewayError;
 use crate::health::{InflightGuard, Observation};
 use crate::retry::{Advance, FailureLog, Outcome};
+use crate::routing::decide::Routed;
 use crate::routing::lead::splitmix64;
 use crate::routing::plan::{Plan, Target};
 use crate::routing::{RouteIdx, Router, Tables};
@@ -52,6 +53,12 @@ pub struct RequestCtx {
     pub router: Option<Arc<Router>>,
     pub tables: Option<Arc<Tables>>,
     pub route: Option<RouteIdx>,
+    /// How the request reached its route (model, policy entry, rule), and its overrides.
+    pub routed: Option<Routed>,
+    /// Upstream calls this request may make (a policy's `max_attempts`, else the config's).
+    pub max_attempts: u32,
+    /// A provider's 400 moves on to the next candidate (the policy says so).
+    pub failover_on_client_error: bool,
     pub request: Option<ChatRequest>,
     pub plan: Option<Plan>,
     /// The target the next `upstream_peer` call connects to.
@@ -100,6 +107,9 @@ impl RequestCtx {
             router: None,
             tables: None,
             route: None,
+            routed: None,
+            max_attempts: u32::MAX,
+            failover_on_client_error: false,
             request: None,
             plan: None,
             pending: None,

@@ -8,6 +8,7 @@ use super::ctx::RequestCtx;
 use crate::adapters::openai::ResponseRewriter;
 use crate::metrics::{status_class_index, Metrics};
 use crate::retry::Outcome;
+use crate::routing::decide::Via;
 
 /// Settle, count and log a finished request.
 pub fn emit(ctx: &mut RequestCtx, e: Option<&Error>, metrics: &Metrics) {
@@ -48,10 +49,33 @@ fn count(ctx: &RequestCtx) {
     let metrics = &tables.metrics;
     let none = tables.catalog.providers.len();
     let served_provider = ctx.served.map_or(none, |a| a.provider.get());
-    let route = ctx.route.unwrap_or(tables.unresolved).get();
+    let route = tables.route(ctx.route.unwrap_or(tables.unresolved)).metric;
     metrics
         .requests
         .inc(&[route, served_provider, status_class_index(ctx.status)]);
+    if let Some(routed) = &ctx.routed {
+        match routed.via {
+            Via::Rule(n) => metrics.rule_matches.inc(&[n]),
+            Via::Policy {
+                policy,
+                selection,
+                rule,
+            } => {
+                if let Some(n) = rule {
+                    metrics.rule_matches.inc(&[n]);
+                }
+                let entries = tables.policies.iter().map(|p| p.entries.len()).max();
+                let entry = selection.entry.unwrap_or(entries.unwrap_or(0));
+                metrics.policy_selections.inc(&[policy.get(), entry]);
+            }
+            Via::Model => {}
+        }
+    }
+    if let Some(plan) = &ctx.plan {
+        for (reason, n) in plan.skip_counts() {
+            metrics.skipped.add(&[reason.index()], u64::from(n));
+        }
+    }
     for rec in &ctx.log {
         let p = rec.provider.get();
         metrics.attempts.inc(&[p, rec.outcome.index()]);

@@ -38,7 +38,7 @@ fn after_failure(ctx: &mut RequestCtx, outcome: Outcome, advance: Advance) -> bo
         return false;
     };
     ctx.pending = None;
-    if ctx.attempts >= tables.failover.max_attempts {
+    if ctx.attempts >= ctx.max_attempts {
         return false;
     }
     // The first attempt and the first retry always run; later ones only within the deadline.
@@ -121,7 +121,7 @@ pub fn on_proxy_error(
         && !ctx.current.is_some_and(|a| a.target.probe);
     if stale {
         if let Some(attempt) = ctx.current {
-            let max = ctx.tables.as_ref().map_or(0, |t| t.failover.max_attempts);
+            let max = ctx.max_attempts;
             ctx.abandon_attempt(Outcome::Reset);
             ctx.retry_same = true;
             let retry = ctx.attempts < max;

@@ -27,6 +27,7 @@ pub async fn admit(
 ) -> pingora_error::Result<bool> {
     let tables = router.tables.load_full();
     ctx.route = Some(tables.unresolved);
+    ctx.max_attempts = tables.failover.max_attempts;
     ctx.tables = Some(tables.clone());
     ctx.router = Some(router.clone());
     metrics.in_flight.inc();

@@ -1,8 +1,8 @@
 //! Planning: from a scanned request to the first target, and from a failure to the next.
 //!
-//! Resolves the `model` string, applies the request's `routing` overrides (a strategy for
-//! this request only, a provider allow-list that can only narrow), builds the plan from one
-//! snapshot load and asks it for targets. The plan decides without side effects; this room
+//! Reads what the request says about where it goes (`x-llm-route`, `x-llm-router`,
+//! `x-llm-metadata`, the body's `routing`), has `routing::decide` choose the route and build
+//! the plan from one snapshot load, and asks the plan for targets. The plan decides without side effects; this room
 //! applies what it claims — a half-open target's probe slot (a request that loses the race
 //! moves on), the provider's credential-rotation cursor — and commits the choice.
 
@@ -13,16 +13,13 @@ use pingora_proxy::Session;
 
 use super::ctx::RequestCtx;
 use super::respond;
-use crate::adapters::openai::{ChatRequest, RoutingOverride};
+use crate::adapters::openai::ChatRequest;
 use crate::catalog::stable_hash;
 use crate::error::{ErrorCode, GatewayError};
 use crate::retry::Advance;
+use crate::routing::decide::{self, SteeringHeaders, Via};
 use crate::routing::plan::{prefix_hash, session_tag, Plan, PlanEnv, RequestFacts, Target};
-use crate::routing::scoring::{rank, RankBy};
-use crate::routing::{resolve, Resolution, ResolveError, Router, Strategy, Tables};
-
-/// Output tokens assumed when the request does not say (`max_tokens`).
-const DEFAULT_OUTPUT_TOKENS: u64 = 256;
+use crate::routing::{Router, Strategy, Tables};
 
 /// The plan's view of the world for one decision.
 pub fn plan_env<'a>(router: &Router, tables: &'a Tables) -> PlanEnv<'a> {
@@ -53,8 +50,8 @@ pub fn next_target(plan: &mut Plan, env: &PlanEnv<'_>, mut advance: Advance) -> 
     }
 }
 
-/// Resolve the model, build the plan from one snapshot and pick the first target. Records the
-/// plan and the target in `ctx`; a refusal is the answer to send.
+/// Decide the route, build the plan from one snapshot and pick the first target. Records the
+/// decision, the plan and the target in `ctx`; a refusal is the answer to send.
 pub fn plan_request(
     session: &Session,
     ctx: &mut RequestCtx,
@@ -62,137 +59,63 @@ pub fn plan_request(
     tables: &Arc<Tables>,
     request: ChatRequest,
 ) -> Result<(), GatewayError> {
-    let resolution = {
-        let model = request.model_name();
-        resolve(tables, &model).map_err(|e| resolve_error(e, &model))?
-    };
-    let route_idx = resolution.route();
-    ctx.route = Some(route_idx);
-    let route = tables.route(route_idx);
-    let strategy = match request.routing.as_ref().and_then(|r| r.strategy.as_deref()) {
-        None => route.strategy,
-        Some(name) => Strategy::parse(name).ok_or_else(|| {
-            GatewayError::new(
-                ErrorCode::InvalidRequest,
-                format!("`routing.strategy`: unknown strategy {:?}", truncate(name)),
-            )
-        })?,
-    };
-    ctx.session = session
-        .req_header()
-        .headers
+    let headers = &session.req_header().headers;
+    let steering_headers = SteeringHeaders::read(|name| headers.get(name).map(|v| v.as_bytes()))
+        .map_err(|why| GatewayError::new(ErrorCode::InvalidRequest, why))?;
+    let seed = stable_hash(ctx.request_id.as_bytes());
+    let steering = steering_headers.steer(&request, seed);
+    let routed = decide::route(tables, &steering).map_err(|e| e.answer(&request))?;
+    let route = tables.route(routed.route);
+    ctx.route = Some(routed.route);
+    if let Via::Policy { policy, .. } = routed.via {
+        let p = tables.policy(policy);
+        ctx.max_attempts = p.max_attempts.unwrap_or(ctx.max_attempts);
+        ctx.failover_on_client_error = p.failover_on_client_error;
+    }
+    ctx.session = headers
         .get(respond::names::X_LLM_SESSION)
         .filter(|v| !v.is_empty() && v.len() <= 256)
         .map(|v| stable_hash(v.as_bytes()));
     let env = plan_env(router, tables);
     let facts = RequestFacts {
-        input_tokens: respond::estimate_input_tokens(request.body_len()),
-        output_tokens: request.max_tokens.unwrap_or(DEFAULT_OUTPUT_TOKENS),
-        prefix_hash: (strategy == Strategy::PrefixAffinity)
+        input_tokens: request.prompt_tokens(),
+        output_tokens: request.max_tokens.unwrap_or(decide::DEFAULT_OUTPUT_TOKENS),
+        prefix_hash: (routed.strategy == Strategy::PrefixAffinity)
             .then(|| prefix_hash(request.prompt(), tables.routing.prefix_bytes)),
         session: ctx.session.and_then(|h| router.sessions.get(h, env.now_ms)),
         round_robin: route.round_robin.fetch_add(1, Ordering::Relaxed),
         // Request ids are unique per request: a fresh seed for this request's draws.
-        seed: stable_hash(ctx.request_id.as_bytes()),
+        seed,
+        needs: request.needs,
     };
-    let mut plan = match resolution {
-        Resolution::Route(r) if strategy == route.strategy => {
-            Plan::new(router.rankings.load().order(tables, r), strategy, facts)
-        }
-        // A per-request strategy: rank this route's candidates for it, and for this request's
-        // size.
-        Resolution::Route(_) => {
-            let by = RankBy {
-                strategy,
-                custom: tables.routing.custom_weights,
-                now_ms: env.now_ms,
-                tokens: (facts.input_tokens, facts.output_tokens),
-            };
-            let order = rank(&tables.catalog, &tables.health, &route.candidates, by);
-            Plan::new(Arc::from(order), strategy, facts)
-        }
-        Resolution::Adhoc { deployment, .. } => Plan::adhoc(deployment, facts),
-    };
-    if let Some(routing) = &request.routing {
-        apply_routing_override(tables, routing, &mut plan)?;
-    }
+    let rankings = router.rankings.load();
+    let mut plan = decide::plan(tables, &rankings, &env, &routed, facts);
     ctx.pending = next_target(&mut plan, &env, Advance::NextDeployment);
     ctx.request = Some(request);
+    ctx.routed = Some(routed);
     let refusal = ctx.pending.is_none().then(|| {
         let err = ctx.failures.final_error(plan.no_call());
-        if err.code == ErrorCode::NoProviderAvailable {
-            // Fail fast: tell the caller when the soonest candidate frees up.
-            let secs = plan.soonest_ms().map_or(1, |until| {
-                until.saturating_sub(env.now_ms).div_ceil(1000).max(1)
-            });
-            err.with_retry_after(Some(secs))
-        } else {
-            err
+        match err.code {
+            // Fail fast: tell the caller when the soonest candidate frees up, and why none
+            // could be called (reasons only: no provider is named).
+            ErrorCode::NoProviderAvailable => {
+                let secs = plan.soonest_ms().map_or(1, |until| {
+                    until.saturating_sub(env.now_ms).div_ceil(1000).max(1)
+                });
+                err.with_retry_after(Some(secs))
+                    .with_skipped(plan.skip_counts().map(|(r, n)| (r.as_str(), n)).collect())
+            }
+            ErrorCode::RateLimited => {
+                let secs = plan
+                    .rpm_frees_ms()
+                    .map_or(1, |at| at.saturating_sub(env.now_ms).div_ceil(1000).max(1));
+                err.with_retry_after(Some(secs))
+            }
+            _ => err,
         }
     });
     ctx.plan = Some(plan);
     refusal.map_or(Ok(()), Err)
-}
-
-fn resolve_error(e: ResolveError, model: &str) -> GatewayError {
-    // The model name is echoed only when short and printable: it is the caller's own input.
-    let shown: String = if model.len() <= 128 && model.bytes().all(|b| b.is_ascii_graphic()) {
-        model.to_string()
-    } else {
-        "(the requested model)".to_string()
-    };
-    match e {
-        ResolveError::ModelNotFound => GatewayError::new(
-            ErrorCode::ModelNotFound,
-            format!("no model, alias or chain named {shown:?}"),
-        ),
-        ResolveError::NoActiveChain => GatewayError::new(
-            ErrorCode::ModelNotFound,
-            "`auto` needs an active chain and none is configured",
-        ),
-        ResolveError::ChainEmpty => GatewayError::new(
-            ErrorCode::ChainEmpty,
-            format!("{shown:?} names a chain with no usable model"),
-        ),
-        ResolveError::ModelDisabled => {
-            GatewayError::new(ErrorCode::ModelNotFound, format!("{shown:?} is disabled"))
-        }
-    }
-}
-
-/// Apply the request's `routing` object beyond its strategy (already in the plan). It can
-/// narrow the plan, never widen it.
-fn apply_routing_override(
-    tables: &Tables,
-    routing: &RoutingOverride,
-    plan: &mut Plan,
-) -> Result<(), GatewayError> {
-    if let Some(policy) = &routing.policy {
-        return Err(GatewayError::new(
-            ErrorCode::InvalidRequest,
-            format!("`routing.policy`: no policy named {:?}", truncate(policy)),
-        ));
-    }
-    if let Some(providers) = &routing.providers {
-        let mut allowed = Vec::with_capacity(providers.len());
-        for id in providers {
-            match tables.catalog.provider_by_id(id) {
-                Some(p) => allowed.push(p.idx),
-                None => {
-                    return Err(GatewayError::new(
-                        ErrorCode::InvalidRequest,
-                        format!("`routing.providers`: no provider named {:?}", truncate(id)),
-                    ))
-                }
-            }
-        }
-        plan.restrict_to(allowed);
-    }
-    Ok(())
-}
-
-fn truncate(s: &str) -> String {
-    s.chars().take(64).collect()
 }
 
 /// A successful answer binds the caller's session (`x-llm-session`) to the deployment that

@@ -10,6 +10,7 @@ use pingora_proxy::Session;
 
 use super::ctx::RequestCtx;
 use crate::error::GatewayError;
+use crate::routing::decide::{Routed, Via};
 use crate::routing::plan::Plan;
 use crate::routing::Tables;
 
@@ -32,10 +33,7 @@ pub async fn write_json(
     if ctx.attempts > 0 {
         resp.insert_header("x-llm-attempts", ctx.attempts)?;
     }
-    if let Some(route) = ctx
-        .route
-        .and_then(|r| ctx.tables.as_ref().map(|t| t.route(r).header.clone()))
-    {
+    if let Some(route) = ctx.tables.as_ref().and_then(|t| route_header(ctx, t)) {
         resp.insert_header("x-llm-route", route)?;
     }
     ctx.status = Some(status);
@@ -142,10 +140,9 @@ pub fn add_routing_headers(
         headers.insert(names::X_ROUTED_VIA, deployment.routed_via.clone());
         headers.insert(names::X_LLM_PROVIDER, provider.id_header.clone());
         headers.insert(names::X_LLM_MODEL, deployment.model_header.clone());
-        if let Some(route) = ctx.route {
-            let route = tables.route(route);
-            headers.insert(names::X_LLM_ROUTE, route.header.clone());
-            if let Some(reason) = routing_reason(tables, plan) {
+        if let Some(route) = route_header(ctx, tables) {
+            headers.insert(names::X_LLM_ROUTE, route);
+            if let Some(reason) = routing_reason(tables, plan, ctx.routed.as_ref()) {
                 headers.insert(names::X_LLM_ROUTING_REASON, reason);
             }
         }
@@ -201,10 +198,25 @@ impl ValueBuf {
     }
 }
 
+/// `x-llm-route`: the rule that sent the request (`rule:<n>`), else its route's label
+/// (`policy:<name>`, `model:<name>`, ...).
+fn route_header(ctx: &RequestCtx, tables: &Tables) -> Option<HeaderValue> {
+    let rule = match ctx.routed.as_ref().map(|r| r.via) {
+        Some(Via::Rule(n) | Via::Policy { rule: Some(n), .. }) => tables.rules.get(n),
+        _ => None,
+    };
+    match rule {
+        Some(r) => Some(r.header.clone()),
+        None => ctx.route.map(|r| tables.route(r).header.clone()),
+    }
+}
+
 /// `strategy=… selected=… priority=… cost_micro=… healthy=… fallbacks=…`: the decision as it
 /// stood before the first attempt: the plan's first (what the strategy put first), whether
-/// its breaker was closed, and the providers behind it.
-fn routing_reason(tables: &Tables, plan: &Plan) -> Option<HeaderValue> {
+/// its breaker was closed, and the providers behind it; then how the route was reached:
+/// `policy=… entry=…` (the `select` entry that held, `none` for `on_failure` only),
+/// `rule=…`, and `reason=smart_fallback` when `smart` was asked for.
+fn routing_reason(tables: &Tables, plan: &Plan, routed: Option<&Routed>) -> Option<HeaderValue> {
     let catalog = &tables.catalog;
     let mut out = ValueBuf::new();
     out.push(b"strategy=");
@@ -242,6 +254,35 @@ fn routing_reason(tables: &Tables, plan: &Plan) -> Option<HeaderValue> {
                     out.push(catalog.provider(d.provider).id.as_bytes());
                 }
             }
+        }
+    }
+    if let Some(routed) = routed {
+        match routed.via {
+            Via::Policy {
+                policy,
+                selection,
+                rule,
+            } => {
+                out.push(b" policy=");
+                out.push(tables.policy(policy).name.as_bytes());
+                out.push(b" entry=");
+                match selection.entry {
+                    Some(e) => out.push_int(e),
+                    None => out.push(b"none"),
+                }
+                if let Some(n) = rule {
+                    out.push(b" rule=");
+                    out.push_int(n);
+                }
+            }
+            Via::Rule(n) => {
+                out.push(b" rule=");
+                out.push_int(n);
+            }
+            Via::Model => {}
+        }
+        if routed.smart_fallback {
+            out.push(b" reason=smart_fallback");
         }
     }
     out.value()

@@ -13,7 +13,7 @@ use pingora_http::ResponseHeader;
 use super::ctx::RequestCtx;
 use super::{planning, respond};
 use crate::adapters::openai::{fixed_json_length, sse_error_event, ChatRequest, ResponseRewriter};
-use crate::retry::{self, Outcome, StatusVerdict};
+use crate::retry::{self, Advance, Outcome, StatusVerdict};
 
 /// Response headers of the provider that describe its account, not the answer.
 static DROPPED_RESPONSE_HEADERS: [HeaderName; 3] = [
@@ -37,7 +37,15 @@ pub fn on_upstream_header(
     if let Some(a) = ctx.current.as_mut() {
         a.header_at = Some(Instant::now());
     }
-    match retry::classify_status(status) {
+    let verdict = match retry::classify_status(status) {
+        // The policy moves a caller error on to the next candidate instead of relaying it.
+        StatusVerdict::Relay if ctx.failover_on_client_error => StatusVerdict::Failover {
+            outcome: Outcome::ClientError,
+            advance: Advance::NextDeployment,
+        },
+        v => v,
+    };
+    match verdict {
         StatusVerdict::Success => {
             choose_rewriter(ctx, upstream_response);
             ctx.served = ctx.current;

@@ -1,126 +1,261 @@
-//! `signalbox explain MODEL`: the plan a request would get, printed without calling anyone.
+//! Explain: why a request would go where it goes, without calling anyone.
 //!
-//! The same resolution and the same plan walk as the request path, with health as it stands
-//! now; only the side effects the proxy applies (claiming a half-open probe slot, rotating a
-//! credential cursor) are left out, so explaining changes nothing.
+//! The request (its body as a caller sends it, and its `x-llm-*` headers) goes through the
+//! same code as on the proxy: `decide::route` (precedence, rules, the policy entry and its
+//! pick) and `decide::plan`, then the plan is walked to the end with health and rpm windows as
+//! they stand. Only what the proxy applies is left out (claiming a half-open probe slot,
+//! advancing round-robin and credential cursors), so explaining changes nothing. The answer
+//! is JSON: the route and how it was reached (which rules were tried, which `select` entry
+//! held and why, the weighted shares or the complexity tier), every candidate kept or skipped
+//! with its reason, and the order the attempts would take if each failed. `POST
+//! /admin/explain` returns it; `signalbox explain` prints it.
 
-use std::fmt::Write;
+use bytes::Bytes;
+use serde_json::{json, Value};
 
-use super::plan::{Plan, PlanEnv, RequestFacts, SkipReason};
-use super::{resolve, Resolution, Router};
+use super::decide::{self, SteeringHeaders, Via};
+use super::plan::{Plan, PlanEnv, RequestFacts};
+use super::policy::{EntryRouter, Pick};
+use super::scoring::cost_micro;
+use super::{Router, Tables};
+use crate::adapters::openai::ChatRequest;
+use crate::catalog::stable_hash;
+use crate::error::{ErrorCode, GatewayError};
 use crate::retry::Advance;
 
-/// A human-readable plan for `model`, as health stands now.
-pub fn explain(router: &Router, model: &str) -> String {
-    let t = router.tables.load_full();
-    let t = &*t;
-    let mut out = String::new();
-    let resolution = match resolve(t, model) {
+/// Explain a request given as a body and its headers (by lower-case name).
+pub fn explain<'a>(
+    router: &Router,
+    body: Bytes,
+    header: impl Fn(&str) -> Option<&'a [u8]>,
+) -> Value {
+    let tables = router.tables.load_full();
+    let request = match ChatRequest::parse(body) {
         Ok(r) => r,
-        Err(e) => {
-            let _ = writeln!(out, "{model:?} does not resolve: {e:?}");
-            return out;
-        }
+        Err(e) => return error(&GatewayError::new(ErrorCode::InvalidRequest, e.message())),
     };
-    let route = t.route(resolution.route());
-    let _ = writeln!(out, "route:    {}", route.label);
-    let _ = writeln!(out, "strategy: {}", route.strategy.as_str());
-    let facts = RequestFacts {
-        input_tokens: super::scoring::NOMINAL_INPUT_TOKENS,
-        output_tokens: super::scoring::NOMINAL_OUTPUT_TOKENS,
-        ..RequestFacts::default()
+    let headers = match SteeringHeaders::read(header) {
+        Ok(h) => h,
+        Err(why) => return error(&GatewayError::new(ErrorCode::InvalidRequest, why)),
     };
-    let mut plan = match resolution {
-        Resolution::Route(r) => {
-            Plan::new(router.rankings.load().order(t, r), route.strategy, facts)
-        }
-        Resolution::Adhoc { deployment, .. } => Plan::adhoc(deployment, facts),
+    // A fixed seed per body: the same request explains the same way twice.
+    let seed = stable_hash(request.prompt());
+    let steering = headers.steer(&request, seed);
+    let routed = match decide::route(&tables, &steering) {
+        Ok(r) => r,
+        Err(e) => return error(&e.answer(&request)),
     };
-    let _ = writeln!(out, "candidates (ranked):");
-    for pos in 0..plan.len() {
-        let Some(d) = plan.deployment(&t.catalog, pos) else {
-            continue;
-        };
-        let p = t.catalog.provider(d.provider);
-        let price = d.price.map_or_else(
-            || "unpriced".to_string(),
-            |p| {
-                format!(
-                    "in ${}/Mtok out ${}/Mtok",
-                    p.input_per_mtok, p.output_per_mtok
-                )
-            },
-        );
-        let usable = p.credentials.iter().filter(|c| c.usable).count();
-        let _ = writeln!(
-            out,
-            "  {}. {} (priority {}, {price}, {usable}/{} credentials)",
-            pos + 1,
-            d.routed_via.to_str().unwrap_or("?"),
-            d.priority,
-            p.credentials.len(),
-        );
-    }
     let env = PlanEnv {
-        catalog: &t.catalog,
-        health: &t.health,
+        catalog: &tables.catalog,
+        health: &tables.health,
         now_ms: router.health.now_ms(),
         degraded: router.health.degraded.is_degraded(),
     };
+    let facts = RequestFacts {
+        input_tokens: request.prompt_tokens(),
+        output_tokens: request.max_tokens.unwrap_or(decide::DEFAULT_OUTPUT_TOKENS),
+        prefix_hash: None,
+        session: None,
+        round_robin: 0,
+        seed,
+        needs: request.needs,
+    };
+    let rankings = router.rankings.load();
+    let mut plan = decide::plan(&tables, &rankings, &env, &routed, facts).explaining();
     let mut order = Vec::new();
     while let Some(choice) = plan.next(&env, Advance::NextDeployment) {
         plan.commit(&choice);
         order.push(choice.target);
     }
-    if let Some(first) = plan
-        .first_position()
-        .and_then(|p| plan.deployment(&t.catalog, p))
-    {
+    let name = |pos: usize| {
+        plan.deployment(&tables.catalog, pos)
+            .and_then(|d| d.routed_via.to_str().ok())
+            .unwrap_or("?")
+            .to_string()
+    };
+    let candidates: Vec<Value> = (0..plan.len())
+        .map(|pos| candidate(&tables, &plan, pos, &order))
+        .collect();
+    json!({
+        "model": &*request.model_name(),
+        "route": route_header(&tables, &routed),
+        "via": via(&tables, &routed, &request),
+        "strategy": routed.strategy.as_str(),
+        "smart_fallback": routed.smart_fallback,
+        "needs": {
+            "stream": request.needs.stream,
+            "tools": request.needs.tools,
+            "vision": request.needs.vision,
+            "json_mode": request.needs.json_mode,
+            "prompt_tokens": request.prompt_tokens(),
+        },
+        "first": plan.first_position().map(|p| json!({
+            "candidate": name(p),
+            "healthy": plan.first_was_healthy(),
+        })),
+        "candidates": candidates,
+        "order": order.iter().map(|t| json!({
+            "candidate": name(t.position),
+            "probe": t.probe,
+        })).collect::<Vec<_>>(),
+        "degraded": env.degraded,
+    })
+}
+
+fn error(e: &GatewayError) -> Value {
+    let body: Value = serde_json::from_slice(&e.body()).unwrap_or(Value::Null);
+    json!({ "status": e.status, "answer": body })
+}
+
+/// The `x-llm-route` the request would carry.
+fn route_header(tables: &Tables, routed: &decide::Routed) -> String {
+    let rule = match routed.via {
+        Via::Rule(n) | Via::Policy { rule: Some(n), .. } => tables.rules.get(n),
+        _ => None,
+    };
+    rule.map_or_else(
+        || tables.route(routed.route).label.to_string(),
+        |r| r.label.to_string(),
+    )
+}
+
+/// How the request reached its route: rules tried, the policy entry that held and its pick.
+fn via(tables: &Tables, routed: &decide::Routed, request: &ChatRequest) -> Value {
+    let rule = |n: Option<usize>| n.map(|n| json!({ "rule": n, "matched": true }));
+    match routed.via {
+        Via::Model => json!({ "kind": "model" }),
+        Via::Rule(n) => json!({ "kind": "rule", "rule": rule(Some(n)) }),
+        Via::Policy {
+            policy,
+            selection,
+            rule: r,
+        } => {
+            let p = tables.policy(policy);
+            let entry = selection.entry.and_then(|i| p.entries.get(i));
+            let shares = match entry.map(|e| &e.router) {
+                Some(EntryRouter::Weighted { routes, weights }) => routes
+                    .iter()
+                    .zip(weights)
+                    .map(|(r, w)| {
+                        let lead = tables
+                            .route(*r)
+                            .candidates
+                            .first()
+                            .and_then(|d| tables.catalog.deployment(*d).model)
+                            .map(|m| tables.catalog.model(m).name.to_string());
+                        json!({ "model": lead, "share": w })
+                    })
+                    .collect::<Vec<_>>(),
+                _ => Vec::new(),
+            };
+            let pick = match selection.pick {
+                Pick::Drawn { index, share } => json!({ "drawn": index, "share": share }),
+                Pick::Tier(t) => {
+                    let tier = ["simple", "medium", "complex"][t.min(2)];
+                    json!({ "complexity": request.complexity().as_str(), "tier": tier })
+                }
+                Pick::Fixed => json!("fixed"),
+                Pick::RouterOff => json!("router_off"),
+            };
+            json!({
+                "kind": "policy",
+                "policy": &*p.name,
+                "rule": rule(r),
+                "entry": selection.entry,
+                "why": match (selection.entry, entry) {
+                    (None, _) => "no select entry held: on_failure only",
+                    (Some(_), Some(e)) if e.when.is_some() => "its `when` held (earlier entries' did not)",
+                    _ => "it has no `when` (earlier entries' did not hold)",
+                },
+                "shares": shares,
+                "pick": pick,
+                "max_attempts": p.max_attempts,
+                "failover_on_client_error": p.failover_on_client_error,
+            })
+        }
+    }
+}
+
+/// One candidate: kept (and where in the order) or skipped (and why).
+fn candidate(tables: &Tables, plan: &Plan, pos: usize, order: &[super::plan::Target]) -> Value {
+    let Some(d) = plan.deployment(&tables.catalog, pos) else {
+        return Value::Null;
+    };
+    let facts = plan.facts();
+    let tried = order.iter().position(|t| t.position == pos);
+    let skipped = plan
+        .skips()
+        .iter()
+        .find(|(p, _)| *p == pos)
+        .map(|(_, r)| r.as_str());
+    json!({
+        "candidate": d.routed_via.to_str().unwrap_or("?"),
+        "model": d.model.map(|m| tables.catalog.model(m).name.to_string()),
+        "provider": &*tables.catalog.provider(d.provider).id,
+        "priority": d.priority,
+        "cost_micro": cost_micro(d, facts.input_tokens, facts.output_tokens),
+        "attempt": tried.map(|i| i + 1),
+        "skipped": if tried.is_some() { None } else { skipped.or(Some("not reached")) },
+    })
+}
+
+/// `explain` as text, for the command line.
+pub fn render_text(v: &Value) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    if let Some(answer) = v.get("answer") {
+        let _ = writeln!(out, "refused ({}): {answer}", v["status"]);
+        return out;
+    }
+    let _ = writeln!(out, "route:    {}", v["route"].as_str().unwrap_or("?"));
+    let _ = writeln!(out, "strategy: {}", v["strategy"].as_str().unwrap_or("?"));
+    let _ = writeln!(out, "via:      {}", v["via"]);
+    if let Some(first) = v["first"].as_object() {
         let _ = writeln!(
             out,
             "first:    {} ({})",
-            first.routed_via.to_str().unwrap_or("?"),
-            if plan.first_was_healthy() {
+            first["candidate"].as_str().unwrap_or("?"),
+            if first["healthy"] == true {
                 "healthy"
             } else {
                 "not healthy now"
             }
         );
     }
+    let _ = writeln!(out, "candidates (ranked):");
+    for (i, c) in v["candidates"].as_array().into_iter().flatten().enumerate() {
+        let state = match (c["attempt"].as_u64(), c["skipped"].as_str()) {
+            (Some(n), _) => format!("attempt {n}"),
+            (None, Some(why)) => format!("skipped: {why}"),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "  {}. {} (priority {}, cost_micro {}) {state}",
+            i + 1,
+            c["candidate"].as_str().unwrap_or("?"),
+            c["priority"],
+            c["cost_micro"],
+        );
+    }
+    let order = v["order"].as_array().cloned().unwrap_or_default();
     if order.is_empty() {
         let _ = writeln!(out, "no attempt possible now");
     } else {
         let _ = writeln!(out, "attempt order if each fails:");
-        for (i, target) in order.iter().enumerate() {
-            let d = plan.deployment(&t.catalog, target.position);
+        for (i, t) in order.iter().enumerate() {
             let _ = writeln!(
                 out,
                 "  {}. {}{}",
                 i + 1,
-                d.and_then(|d| d.routed_via.to_str().ok()).unwrap_or("?"),
-                if target.probe {
+                t["candidate"].as_str().unwrap_or("?"),
+                if t["probe"] == true {
                     " (half-open probe)"
                 } else {
                     ""
                 }
             );
         }
-    }
-    let skipped: Vec<String> = [
-        (SkipReason::ProviderDisabled, "provider disabled"),
-        (SkipReason::NoCredential, "no usable credential"),
-        (SkipReason::Unresolved, "host not resolved"),
-        (SkipReason::Excluded, "excluded"),
-        (SkipReason::Ejected, "ejected"),
-        (SkipReason::Benched, "benched"),
-        (SkipReason::CredentialCooling, "credential cooling"),
-    ]
-    .iter()
-    .filter(|(r, _)| plan.skipped(*r) > 0)
-    .map(|(r, what)| format!("{} {what}", plan.skipped(*r)))
-    .collect();
-    if !skipped.is_empty() {
-        let _ = writeln!(out, "skipped:  {}", skipped.join(", "));
     }
     out
 }

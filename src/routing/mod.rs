@@ -8,9 +8,11 @@
 //! plan claims. That keeps the decisions unit-testable and benchable without a socket, and
 //! lets `explain` run the very same walk.
 
+pub mod decide;
 pub mod explain;
 pub mod lead;
 pub mod plan;
+pub mod policy;
 pub mod rank;
 pub mod scoring;
 pub mod session;
@@ -33,12 +35,16 @@ pub enum Resolution {
         route: RouteIdx,
         deployment: Arc<Deployment>,
     },
+    /// A policy named as a model.
+    Policy(policy::PolicyIdx),
 }
 
 impl Resolution {
-    pub fn route(&self) -> RouteIdx {
+    /// The route, for a name that has one (a policy's route is chosen per request).
+    pub fn route(&self) -> Option<RouteIdx> {
         match self {
-            Resolution::Route(r) | Resolution::Adhoc { route: r, .. } => *r,
+            Resolution::Route(r) | Resolution::Adhoc { route: r, .. } => Some(*r),
+            Resolution::Policy(_) => None,
         }
     }
 }
@@ -73,6 +79,9 @@ pub fn resolve(t: &Tables, model: &str) -> Result<Resolution, ResolveError> {
 
     if let Some(r) = t.by_name(lower) {
         return non_empty(t, r, ResolveError::ModelDisabled);
+    }
+    if let Some(p) = t.policy_by_name(lower) {
+        return Ok(Resolution::Policy(p));
     }
     if lower == "auto" {
         let r = t.active_chain.ok_or(ResolveError::NoActiveChain)?;
@@ -149,7 +158,7 @@ active_chain: default
     }
 
     fn routed_via(t: &Tables, res: &Resolution) -> Vec<String> {
-        t.route(res.route())
+        t.route(res.route().unwrap())
             .candidates
             .iter()
             .map(|d| {
@@ -167,18 +176,21 @@ active_chain: default
     fn names_resolve_case_insensitively() {
         let t = tables_from(CONFIG);
         let r = resolve(&t, "GPT-4o-Mini").expect("model");
-        assert_eq!(t.route(r.route()).label.as_ref(), "model:gpt-4o-mini");
+        assert_eq!(
+            t.route(r.route().unwrap()).label.as_ref(),
+            "model:gpt-4o-mini"
+        );
         // Priority: provider b (5) before a (10).
         assert_eq!(routed_via(&t, &r), ["b/llama-8b", "a/gpt-4o-mini"]);
         let r = resolve(&t, "FAST").expect("alias");
-        assert_eq!(t.route(r.route()).label.as_ref(), "alias:fast");
+        assert_eq!(t.route(r.route().unwrap()).label.as_ref(), "alias:fast");
     }
 
     #[test]
     fn chains_keep_order_and_never_repeat_a_target() {
         let t = tables_from(CONFIG);
         let r = resolve(&t, "auto").expect("active chain");
-        assert_eq!(t.route(r.route()).label.as_ref(), "chain:default");
+        assert_eq!(t.route(r.route().unwrap()).label.as_ref(), "chain:default");
         // fast = gpt-4o-mini (b, a), then big (a; c's deployment is kept: the provider switch is
         // checked per attempt).
         assert_eq!(
@@ -186,8 +198,8 @@ active_chain: default
             ["b/llama-8b", "a/gpt-4o-mini", "a/big-1", "c/big-c"]
         );
         assert_eq!(
-            resolve(&t, "auto:DEFAULT").map(|r| r.route()).ok(),
-            Some(r.route())
+            resolve(&t, "auto:DEFAULT").map(|r| r.route().unwrap()).ok(),
+            Some(r.route().unwrap())
         );
     }
 
@@ -218,7 +230,7 @@ active_chain: default
         let t = tables_from(CONFIG);
         let r = resolve(&t, "meta/llama-3.1-70b").expect("model with a slash");
         assert_eq!(
-            t.route(r.route()).label.as_ref(),
+            t.route(r.route().unwrap()).label.as_ref(),
             "model:meta/llama-3.1-70b"
         );
     }
@@ -233,7 +245,7 @@ active_chain: default
                 assert_eq!(t.route(route).label.as_ref(), "direct:b");
                 assert_eq!(&*deployment.upstream_model, "Some-New-Model");
             }
-            Resolution::Route(_) => panic!("expected an ad-hoc deployment"),
+            other => panic!("expected an ad-hoc deployment, got {other:?}"),
         }
         assert!(resolve(&t, "b/bad\"name").is_err());
     }
@@ -242,17 +254,17 @@ active_chain: default
     fn axes_cover_every_enabled_model() {
         let t = tables_from(CONFIG);
         let r = resolve(&t, "auto:Smartest").expect("axis");
-        let route = t.route(r.route());
+        let route = t.route(r.route().unwrap());
         assert_eq!(route.strategy, Strategy::Smartest);
         assert!(routed_via(&t, &r).contains(&"a/big-1".to_string()));
         assert!(!routed_via(&t, &r).contains(&"a/off-1".to_string()));
         assert_eq!(
-            t.route(resolve(&t, "auto:speed").expect("axis").route())
+            t.route(resolve(&t, "auto:speed").expect("axis").route().unwrap())
                 .strategy,
             Strategy::Fastest
         );
         assert_eq!(
-            t.route(resolve(&t, "auto:budget").expect("axis").route())
+            t.route(resolve(&t, "auto:budget").expect("axis").route().unwrap())
                 .strategy,
             Strategy::Cheapest
         );

@@ -37,6 +37,7 @@ use std::sync::Arc;
 
 use super::lead::{self, splitmix64};
 use super::scoring::cost_micro;
+use crate::adapters::openai::Needs;
 use crate::catalog::stable_hash;
 use crate::catalog::{Catalog, Deployment, DeploymentIdx, ProviderIdx};
 use crate::config::Strategy;
@@ -47,16 +48,77 @@ use crate::retry::{Advance, NoCall};
 /// Why a candidate was passed over without a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SkipReason {
+    /// Its provider is switched off.
     ProviderDisabled,
+    /// Its provider has no usable credential.
     NoCredential,
+    /// Its provider's host has no address yet.
     Unresolved,
+    /// Left out by the request's `routing.providers`.
     Excluded,
+    /// Its model does not declare a capability the request needs.
+    NeedsStream,
+    NeedsTools,
+    NeedsVision,
+    NeedsJsonMode,
+    /// The prompt is estimated larger than its model's `context_window`.
+    ContextWindow,
+    /// Its `rpm` window is full (requests in the last minute).
+    RpmFull,
+    /// Its breaker is open.
     Ejected,
+    /// Half-open, with its one probe already in flight.
+    ProbeBusy,
+    /// Its model is benched.
     Benched,
+    /// Its credentials are cooling (401/403/429).
     CredentialCooling,
 }
 
-const SKIP_REASONS: usize = 7;
+impl SkipReason {
+    pub const ALL: [SkipReason; 14] = [
+        SkipReason::ProviderDisabled,
+        SkipReason::NoCredential,
+        SkipReason::Unresolved,
+        SkipReason::Excluded,
+        SkipReason::NeedsStream,
+        SkipReason::NeedsTools,
+        SkipReason::NeedsVision,
+        SkipReason::NeedsJsonMode,
+        SkipReason::ContextWindow,
+        SkipReason::RpmFull,
+        SkipReason::Ejected,
+        SkipReason::ProbeBusy,
+        SkipReason::Benched,
+        SkipReason::CredentialCooling,
+    ];
+
+    /// The stable name: in explain, the `no_provider_available` body and metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::ProviderDisabled => "disabled",
+            SkipReason::NoCredential => "no_credential",
+            SkipReason::Unresolved => "unresolved",
+            SkipReason::Excluded => "routing_override",
+            SkipReason::NeedsStream => "capability:stream",
+            SkipReason::NeedsTools => "capability:tools",
+            SkipReason::NeedsVision => "capability:vision",
+            SkipReason::NeedsJsonMode => "capability:json_mode",
+            SkipReason::ContextWindow => "context_window",
+            SkipReason::RpmFull => "rpm_full",
+            SkipReason::Ejected => "ejected",
+            SkipReason::ProbeBusy => "half_open_busy",
+            SkipReason::Benched => "benched",
+            SkipReason::CredentialCooling => "credential_cooling",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+const SKIP_REASONS: usize = SkipReason::ALL.len();
 
 /// One attempt's destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +165,8 @@ pub struct RequestFacts {
     pub round_robin: usize,
     /// Seed of the per-request random draws.
     pub seed: u64,
+    /// What the request needs from a model (capabilities declared by the model).
+    pub needs: Needs,
 }
 
 #[derive(Debug, Clone)]
@@ -137,6 +201,9 @@ pub struct Plan {
     facts: RequestFacts,
     /// Providers the request allowed (`routing.providers`); `None` = all.
     allowed: Option<Vec<ProviderIdx>>,
+    /// How many leading candidates a lead pick may choose among (a policy's selected model,
+    /// not its fallbacks).
+    lead_span: usize,
     lead: Option<usize>,
     phase: Phase,
     cursor: usize,
@@ -149,7 +216,11 @@ pub struct Plan {
     /// Whether the plan's first could take a request (a closed breaker) when decided.
     first_healthy: bool,
     skipped: [u16; SKIP_REASONS],
+    /// Every skip as (position, reason), kept only when explaining.
+    skips: Option<Vec<(usize, SkipReason)>>,
     soonest_ms: Option<u64>,
+    /// When the soonest full `rpm` window frees up.
+    rpm_frees_ms: Option<u64>,
     rng: u64,
 }
 
@@ -168,6 +239,7 @@ impl Plan {
             strategy,
             facts,
             allowed: None,
+            lead_span: usize::MAX,
             lead: None,
             phase: Phase::Lead,
             cursor: 0,
@@ -177,7 +249,9 @@ impl Plan {
             first: None,
             first_healthy: false,
             skipped: [0; SKIP_REASONS],
+            skips: None,
             soonest_ms: None,
+            rpm_frees_ms: None,
             rng: splitmix64(facts.seed | 1),
         }
     }
@@ -185,6 +259,31 @@ impl Plan {
     /// Restrict the plan to these providers (the request's `routing.providers`).
     pub fn restrict_to(&mut self, providers: Vec<ProviderIdx>) {
         self.allowed = Some(providers);
+    }
+
+    /// Let a lead pick choose only among the first `n` candidates.
+    pub fn with_lead_span(mut self, n: usize) -> Self {
+        self.lead_span = n;
+        self
+    }
+
+    /// Keep every skip with its position (for explain; the request path keeps counts only).
+    pub fn explaining(mut self) -> Self {
+        self.skips = Some(Vec::new());
+        self
+    }
+
+    /// Every skip as (position, reason), when explaining.
+    pub fn skips(&self) -> &[(usize, SkipReason)] {
+        self.skips.as_deref().unwrap_or(&[])
+    }
+
+    /// Skip counts by reason, for metrics and the `no_provider_available` body.
+    pub fn skip_counts(&self) -> impl Iterator<Item = (SkipReason, u16)> + '_ {
+        SkipReason::ALL
+            .iter()
+            .map(|r| (*r, self.skipped[r.index()]))
+            .filter(|(_, n)| *n > 0)
     }
 
     pub fn strategy(&self) -> Strategy {
@@ -235,14 +334,23 @@ impl Plan {
 
     /// Why nothing could be called, for a plan that produced no target.
     pub fn no_call(&self) -> NoCall {
+        let total: u32 = self.skipped.iter().map(|n| u32::from(*n)).sum();
+        let rpm = u32::from(self.skipped(SkipReason::RpmFull));
         if self.skipped(SkipReason::NoCredential) > 0
             && self.skipped(SkipReason::ProviderDisabled) == 0
             && self.skipped(SkipReason::Unresolved) == 0
         {
             NoCall::NotConfigured
+        } else if rpm > 0 && rpm == total {
+            NoCall::RateLimited
         } else {
             NoCall::Unavailable
         }
+    }
+
+    /// When the soonest full `rpm` window of a skipped candidate frees up.
+    pub fn rpm_frees_ms(&self) -> Option<u64> {
+        self.rpm_frees_ms
     }
 
     /// When the soonest skipped (ejected, benched or cooling) candidate frees up.
@@ -284,7 +392,7 @@ impl Plan {
                             continue;
                         }
                         match self.gate(env, pos) {
-                            Err(reason) => self.skip(reason),
+                            Err(reason) => self.skip(pos, reason),
                             Ok(()) => {
                                 if let Some(c) = self.pick_credential(env, pos, Pass::InRank) {
                                     return Some(c);
@@ -322,12 +430,15 @@ impl Plan {
 
     /// The caller could not claim the probe slot of this choice's half-open target (another
     /// request holds it): the target is skipped.
-    pub fn probe_lost(&mut self, _choice: &Choice) {
-        self.skip(SkipReason::Ejected);
+    pub fn probe_lost(&mut self, choice: &Choice) {
+        self.skip(choice.target.position, SkipReason::ProbeBusy);
     }
 
-    fn skip(&mut self, reason: SkipReason) {
-        self.skipped[reason as usize] = self.skipped[reason as usize].saturating_add(1);
+    fn skip(&mut self, pos: usize, reason: SkipReason) {
+        self.skipped[reason.index()] = self.skipped[reason.index()].saturating_add(1);
+        if let Some(skips) = &mut self.skips {
+            skips.push((pos, reason));
+        }
     }
 
     fn note_soonest(&mut self, until: u64) {
@@ -335,7 +446,9 @@ impl Plan {
     }
 
     /// Static eligibility: allowed for this request, provider enabled and resolved, a usable
-    /// credential. Health plays no part.
+    /// credential, the model able to serve the request (what it declares: a model that
+    /// declares no capabilities or no context window is not filtered on them). Health plays
+    /// no part.
     fn eligible(&self, env: &PlanEnv<'_>, pos: usize) -> Result<(), SkipReason> {
         let Some(d) = self.deployment(env.catalog, pos) else {
             return Err(SkipReason::Excluded);
@@ -355,23 +468,54 @@ impl Plan {
         if !p.has_usable_credential() {
             return Err(SkipReason::NoCredential);
         }
+        if let Some(model) = d.model.map(|m| env.catalog.model(m)) {
+            let needs = self.facts.needs;
+            if let Some(can) = model.capabilities {
+                let missing = [
+                    (needs.stream && !can.stream, SkipReason::NeedsStream),
+                    (needs.tools && !can.tools, SkipReason::NeedsTools),
+                    (needs.vision && !can.vision, SkipReason::NeedsVision),
+                    (needs.json_mode && !can.json_mode, SkipReason::NeedsJsonMode),
+                ];
+                if let Some((_, reason)) = missing.iter().find(|(m, _)| *m) {
+                    return Err(*reason);
+                }
+            }
+            if model
+                .context_window
+                .is_some_and(|w| self.facts.input_tokens > u64::from(w))
+            {
+                return Err(SkipReason::ContextWindow);
+            }
+        }
         Ok(())
     }
 
-    /// Deployment-level checks before any credential: eligible and the model not benched.
+    /// Deployment-level checks before any credential: eligible, the model not benched, room
+    /// in the deployment's `rpm` window.
     fn gate(&mut self, env: &PlanEnv<'_>, pos: usize) -> Result<(), SkipReason> {
         self.eligible(env, pos)?;
         let Some(d) = self.deployment(env.catalog, pos) else {
             return Err(SkipReason::Excluded);
         };
-        if d.model.is_some() {
-            if let Some(until) = env
-                .health
-                .deployment(d.idx)
-                .and_then(|h| h.benched_until(env.now_ms))
-            {
-                self.note_soonest(until);
-                return Err(SkipReason::Benched);
+        if d.model.is_none() {
+            return Ok(());
+        }
+        let (idx, rpm) = (d.idx, d.rpm);
+        let Some(h) = env.health.deployment(idx) else {
+            return Ok(());
+        };
+        if let Some(until) = h.benched_until(env.now_ms) {
+            self.note_soonest(until);
+            return Err(SkipReason::Benched);
+        }
+        if let Some(rpm) = rpm {
+            // The window is read, not reserved: concurrent requests can overshoot it by the
+            // few that read it at once.
+            if h.requests.last_minute(env.now_ms) >= rpm {
+                let frees = h.requests.frees_at(env.now_ms);
+                self.rpm_frees_ms = Some(self.rpm_frees_ms.map_or(frees, |s| s.min(frees)));
+                return Err(SkipReason::RpmFull);
             }
         }
         Ok(())
@@ -401,7 +545,7 @@ impl Plan {
                 }
                 Admission::No(Unavailable::Benched(u)) => (SkipReason::Benched, Some(u)),
                 Admission::No(Unavailable::ProbeBusy) | Admission::HalfOpen => {
-                    (SkipReason::Ejected, None)
+                    (SkipReason::ProbeBusy, None)
                 }
                 Admission::Healthy { .. } => continue,
             };
@@ -411,7 +555,7 @@ impl Plan {
             reason = reason.or(Some(why));
         }
         if let Some(r) = reason {
-            self.skip(r);
+            self.skip(pos, r);
         }
     }
 
@@ -589,7 +733,7 @@ impl Plan {
         if is_learned(self.strategy) {
             let roll = self.draw_unit();
             let r = self.draw();
-            let healthy: Vec<usize> = (0..self.len())
+            let healthy: Vec<usize> = (0..self.len().min(self.lead_span))
                 .filter(|&p| self.admissible_now(env, p) == Some(true))
                 .collect();
             let catalog = env.catalog;
@@ -652,9 +796,10 @@ impl Plan {
     /// candidate.
     fn tier(&mut self, env: &PlanEnv<'_>) -> Vec<usize> {
         let whole = matches!(self.strategy, Strategy::Weighted | Strategy::Cheapest);
-        let mut tier = Vec::with_capacity(self.len().min(16));
+        let span = self.len().min(self.lead_span);
+        let mut tier = Vec::with_capacity(span.min(16));
         let mut best: Option<i32> = None;
-        for pos in 0..self.len() {
+        for pos in 0..span {
             let Some(priority) = self.deployment(env.catalog, pos).map(|d| d.priority) else {
                 continue;
             };

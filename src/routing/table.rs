@@ -1,23 +1,28 @@
-//! The routing snapshot: every route a caller can name, with its candidate order, and the
-//! catalog and health records it was built with, swapped whole behind an `ArcSwap`.
+//! The routing snapshot: every route a caller can name, with its candidate order, the
+//! compiled policies and rules, and the catalog and health records it was built with,
+//! swapped whole behind an `ArcSwap`.
 //!
 //! A route is what a `model` string resolves to: a model, an alias, a chain (`auto`,
-//! `auto:<chain>`), an axis (`auto:<axis>`) or a direct `<provider>/<upstream-model>` that
-//! names a configured deployment. Its candidate list is the deployments to try, in order,
-//! deduplicated. The request path looks a name up (one hash lookup on a lower-cased copy in a
+//! `auto:<chain>`), an axis (`auto:<axis>`), a direct `<provider>/<upstream-model>` that
+//! names a configured deployment, or one way a policy can order its targets (see
+//! [`super::policy`]). Its candidate list is the deployments to try, in order, deduplicated,
+//! cut into *segments*: each is ranked on its own by its strategy (a policy keeps its targets'
+//! order and ranks each model's deployments; a plain route is one segment). The request path looks a name up (one hash lookup on a lower-cased copy in a
 //! stack buffer) and keeps an `Arc` of the snapshot for the request's lifetime, so a swap in
 //! the middle of a request never changes the plan under it.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use http::HeaderValue;
 
+use super::policy::{PolicyIdx, PolicyTable, RuleTable};
 use crate::catalog::{Catalog, DeploymentIdx, ProviderIdx};
 use crate::config::{Config, Failover, Limits, RoutingKnobs, Strategy};
 use crate::health::HealthRegistry;
-use crate::metrics::{BoundMetrics, Metrics};
+use crate::metrics::{BoundMetrics, Metrics, RoutingLabels};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RouteIdx(pub u32);
@@ -35,6 +40,8 @@ pub enum RouteKind {
     Chain,
     Axis,
     Direct,
+    /// One way a policy orders its targets.
+    Policy,
     /// Requests that ended before a route was resolved (metrics only).
     Unresolved,
 }
@@ -47,6 +54,7 @@ impl RouteKind {
             RouteKind::Chain => "chain",
             RouteKind::Axis => "axis",
             RouteKind::Direct => "direct",
+            RouteKind::Policy => "policy",
             RouteKind::Unresolved => "unresolved",
         }
     }
@@ -61,12 +69,35 @@ pub struct Route {
     /// `kind:name`: the `x-llm-route` value and the metrics label.
     pub label: Arc<str>,
     pub header: HeaderValue,
+    /// Index of `label` among the snapshot's distinct route labels (metrics).
+    pub metric: usize,
+    /// The strategy of the first segment: what a per-request lead pick follows.
     pub strategy: Strategy,
     /// Deployments to try, in configured order, without duplicates. Empty only for an empty
     /// chain. The ranker's scored order of the same set is in `Rankings`.
     pub candidates: Arc<[DeploymentIdx]>,
+    /// Consecutive parts of `candidates`, each ranked on its own by its strategy; together
+    /// they cover every candidate.
+    pub segments: Arc<[Segment]>,
     /// The route's round-robin turn.
     pub round_robin: AtomicUsize,
+}
+
+/// A part of a route's candidates ranked on its own.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    pub range: Range<usize>,
+    pub strategy: Strategy,
+}
+
+impl Route {
+    /// How many leading candidates a per-request lead pick may choose among: the first
+    /// segment (a policy's selected model, not its fallbacks).
+    pub fn lead_span(&self) -> usize {
+        self.segments
+            .first()
+            .map_or(self.candidates.len(), |s| s.range.len())
+    }
 }
 
 /// The immutable routing snapshot.
@@ -87,6 +118,11 @@ pub struct Tables {
     direct: HashMap<Box<str>, RouteIdx>,
     /// Per provider: the route used for direct requests to upstream models not in the catalog.
     direct_adhoc: Vec<RouteIdx>,
+    /// Compiled policies, in name order, and their lower-cased names.
+    pub policies: Vec<PolicyTable>,
+    policy_names: HashMap<Box<str>, PolicyIdx>,
+    /// Compiled rules, in the order written.
+    pub rules: Vec<RuleTable>,
     pub active_chain: Option<RouteIdx>,
     pub unresolved: RouteIdx,
     pub failover: Failover,
@@ -129,6 +165,7 @@ impl Tables {
         let mut b = Builder {
             catalog: &catalog,
             routes: Vec::new(),
+            labels: Vec::new(),
         };
         let unresolved = b.push(
             RouteKind::Unresolved,
@@ -215,11 +252,28 @@ impl Tables {
             .map(|p| b.push(RouteKind::Direct, &p.id, Strategy::Priority, Vec::new()))
             .collect();
 
-        let routes = b.routes;
-        let route_labels: Vec<Arc<str>> = routes.iter().map(|r| r.label.clone()).collect();
+        let policies = super::policy::compile_policies(config, &mut b);
+        let policy_names = policies
+            .iter()
+            .map(|p| (p.name.to_ascii_lowercase().into_boxed_str(), p.idx))
+            .collect();
+        let rules = super::policy::compile_rules(config, &chain_routes, &axes, &policies);
+
         let provider_labels: Vec<Arc<str>> =
             catalog.providers.iter().map(|p| p.id.clone()).collect();
-        let bound = metrics.bind(&route_labels, &provider_labels);
+        let labels = RoutingLabels {
+            routes: b.labels.clone(),
+            providers: provider_labels,
+            rules: rules.iter().map(|r| r.label.clone()).collect(),
+            policies: policies.iter().map(|p| p.name.clone()).collect(),
+            entries: policies.iter().map(|p| p.entries.len()).max().unwrap_or(0),
+            skip_reasons: super::plan::SkipReason::ALL
+                .iter()
+                .map(|r| Arc::from(r.as_str()))
+                .collect(),
+        };
+        let bound = metrics.bind(&labels);
+        let routes = b.routes;
 
         Self {
             generation,
@@ -231,6 +285,9 @@ impl Tables {
             axes,
             direct,
             direct_adhoc,
+            policies,
+            policy_names,
+            rules,
             active_chain,
             unresolved,
             failover: config.failover,
@@ -264,6 +321,15 @@ impl Tables {
         self.direct_adhoc[p.get()]
     }
 
+    /// A policy by its lower-cased name.
+    pub fn policy_by_name(&self, lower: &str) -> Option<PolicyIdx> {
+        self.policy_names.get(lower).copied()
+    }
+
+    pub fn policy(&self, p: PolicyIdx) -> &PolicyTable {
+        &self.policies[p.get()]
+    }
+
     /// Every caller-facing model id, for `GET /v1/models`: models, aliases and chains
     /// (`auto:<chain>`), plus `auto` when an active chain is set.
     pub fn public_model_ids(&self) -> Vec<Arc<str>> {
@@ -282,22 +348,70 @@ impl Tables {
         if self.active_chain.is_some() {
             out.push(Arc::from("auto"));
         }
+        for p in &self.policies {
+            out.push(p.name.clone());
+        }
         out
     }
 }
 
-struct Builder<'a> {
-    catalog: &'a Catalog,
+/// Builds the routes of one snapshot (the policy compiler adds its own through it).
+pub(super) struct Builder<'a> {
+    pub(super) catalog: &'a Catalog,
     routes: Vec<Route>,
+    /// Distinct route labels, in first-use order (the metrics dimension).
+    labels: Vec<Arc<str>>,
 }
 
 impl Builder<'_> {
-    fn push(
+    /// A route of one segment.
+    pub(super) fn push(
         &mut self,
         kind: RouteKind,
         name: &str,
         strategy: Strategy,
         candidates: Vec<DeploymentIdx>,
+    ) -> RouteIdx {
+        let segments = vec![Segment {
+            range: 0..candidates.len(),
+            strategy,
+        }];
+        self.push_route(kind, name, candidates, segments)
+    }
+
+    /// A route made of parts ranked on their own, in order; a deployment already in an
+    /// earlier part is left out of later ones (and a part left empty disappears).
+    pub(super) fn push_segments(
+        &mut self,
+        kind: RouteKind,
+        name: &str,
+        parts: Vec<(Strategy, Vec<DeploymentIdx>)>,
+    ) -> RouteIdx {
+        let mut candidates: Vec<DeploymentIdx> = Vec::new();
+        let mut segments = Vec::with_capacity(parts.len());
+        for (strategy, deps) in parts {
+            let start = candidates.len();
+            for d in self.usable(deps.into_iter()) {
+                if !candidates.contains(&d) {
+                    candidates.push(d);
+                }
+            }
+            if candidates.len() > start {
+                segments.push(Segment {
+                    range: start..candidates.len(),
+                    strategy,
+                });
+            }
+        }
+        self.push_route(kind, name, candidates, segments)
+    }
+
+    fn push_route(
+        &mut self,
+        kind: RouteKind,
+        name: &str,
+        candidates: Vec<DeploymentIdx>,
+        segments: Vec<Segment>,
     ) -> RouteIdx {
         let idx = RouteIdx(u32::try_from(self.routes.len()).unwrap_or(u32::MAX));
         let label: Arc<str> = if kind == RouteKind::Unresolved {
@@ -305,24 +419,34 @@ impl Builder<'_> {
         } else {
             Arc::from(format!("{}:{name}", kind.as_str()))
         };
+        let metric = match self.labels.iter().position(|l| *l == label) {
+            Some(i) => i,
+            None => {
+                self.labels.push(label.clone());
+                self.labels.len() - 1
+            }
+        };
         // Names were validated as visible ASCII, so the header value always builds.
         let header =
             HeaderValue::from_str(&label).unwrap_or_else(|_| HeaderValue::from_static("invalid"));
+        let strategy = segments.first().map_or(Strategy::Priority, |s| s.strategy);
         self.routes.push(Route {
             idx,
             kind,
             name: Arc::from(name),
             label,
             header,
+            metric,
             strategy,
             candidates: candidates.into(),
+            segments: segments.into(),
             round_robin: AtomicUsize::new(0),
         });
         idx
     }
 
     /// Deployments of enabled models, first occurrence only.
-    fn usable(&self, deps: impl Iterator<Item = DeploymentIdx>) -> Vec<DeploymentIdx> {
+    pub(super) fn usable(&self, deps: impl Iterator<Item = DeploymentIdx>) -> Vec<DeploymentIdx> {
         let mut out: Vec<DeploymentIdx> = Vec::new();
         for d in deps {
             let enabled = self

@@ -39,15 +39,18 @@ fn validate_model(
     path: &str,
     errs: &mut Vec<ConfigError>,
 ) -> ModelConfig {
-    let mut capabilities = Capabilities::default();
-    for c in &s.capabilities {
-        match c {
-            CapabilitySection::Stream => capabilities.stream = true,
-            CapabilitySection::Tools => capabilities.tools = true,
-            CapabilitySection::Vision => capabilities.vision = true,
-            CapabilitySection::JsonMode => capabilities.json_mode = true,
+    let capabilities = s.capabilities.as_ref().map(|list| {
+        let mut capabilities = Capabilities::default();
+        for c in list {
+            match c {
+                CapabilitySection::Stream => capabilities.stream = true,
+                CapabilitySection::Tools => capabilities.tools = true,
+                CapabilitySection::Vision => capabilities.vision = true,
+                CapabilitySection::JsonMode => capabilities.json_mode = true,
+            }
         }
-    }
+        capabilities
+    });
     if s.deployments.is_empty() {
         errs.push(ConfigError::new(
             format!("{path}.deployments"),

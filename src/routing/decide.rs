@@ -1,0 +1,462 @@
+//! Deciding where one request goes, before any attempt: the same code for the proxy and for
+//! explain.
+//!
+//! Precedence: the body's `routing.policy` › the `x-llm-route` header › the `model` string
+//! (a model, alias, chain, axis, direct form, or a policy name) › for a request naming exactly
+//! `auto`, the first conditional rule that holds (then the active chain). A policy then picks
+//! its `select` entry (the first whose `when` holds) and, for that entry, a route: a weighted
+//! draw seeded by the request, its complexity tier, or its one order; `x-llm-router: off`
+//! takes the targets in the order written. `routing.strategy` re-ranks the chosen route's
+//! candidates for this request (each policy segment on its own, so a policy's target order
+//! stands); `smart` is taken as `balanced`. `routing.providers` narrows the candidates and,
+//! under `priority`, breaks ties in its own order.
+//!
+//! Everything here is a pure function of the snapshot and the request. What the proxy then
+//! applies — a route's round-robin turn, claimed probe slots — stays with the proxy.
+
+use std::sync::Arc;
+
+use super::plan::{Plan, PlanEnv, RequestFacts};
+use super::policy::{PolicyIdx, RuleDest, Selection};
+use super::rank::Rankings;
+use super::scoring::{rank, RankBy};
+use super::{resolve, Resolution, ResolveError, RouteIdx, Tables};
+use crate::adapters::openai::{ChatRequest, Complexity};
+use crate::catalog::{Deployment, DeploymentIdx, ProviderIdx};
+use crate::config::condition::{FactValue, Facts, Field};
+use crate::config::Strategy;
+use crate::error::{ErrorCode, GatewayError};
+
+/// Output tokens assumed when the request does not say (`max_tokens`).
+pub const DEFAULT_OUTPUT_TOKENS: u64 = 256;
+
+/// The largest `x-llm-metadata` header accepted.
+pub const MAX_METADATA: usize = 4096;
+
+/// The caller's labels (`x-llm-metadata`: a flat JSON object of strings, numbers and booleans).
+/// Untrusted: they can only steer a request among routes the caller could name anyway.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Metadata {
+    pairs: Vec<(Box<str>, MetaValue)>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum MetaValue {
+    Str(Box<str>),
+    Num(f64),
+    Bool(bool),
+}
+
+impl Metadata {
+    /// Parse the header's value. `Err` says what is wrong (in signalbox's words).
+    pub fn parse(raw: &[u8]) -> Result<Self, &'static str> {
+        if raw.len() > MAX_METADATA {
+            return Err("`x-llm-metadata` is longer than 4 KiB");
+        }
+        let map: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(raw).map_err(|_| "`x-llm-metadata` must be a JSON object")?;
+        let mut pairs = Vec::with_capacity(map.len());
+        for (k, v) in map {
+            let v = match v {
+                serde_json::Value::String(s) => MetaValue::Str(s.into()),
+                serde_json::Value::Bool(b) => MetaValue::Bool(b),
+                serde_json::Value::Number(n) => match n.as_f64() {
+                    Some(f) => MetaValue::Num(f),
+                    None => return Err("`x-llm-metadata` holds a number out of range"),
+                },
+                _ => {
+                    return Err("`x-llm-metadata` must be flat: strings, numbers and booleans only")
+                }
+            };
+            pairs.push((k.into(), v));
+        }
+        Ok(Self { pairs })
+    }
+
+    fn get(&self, key: &str) -> Option<FactValue<'_>> {
+        self.pairs
+            .iter()
+            .find(|(k, _)| &**k == key)
+            .map(|(_, v)| match v {
+                MetaValue::Str(s) => FactValue::Str(s),
+                MetaValue::Num(n) => FactValue::Num(*n),
+                MetaValue::Bool(b) => FactValue::Bool(*b),
+            })
+    }
+}
+
+/// What a request's headers say about where it goes: `x-llm-route`, `x-llm-router: off`,
+/// `x-llm-metadata`. Read the same way by the proxy and by explain.
+#[derive(Debug, Clone, Default)]
+pub struct SteeringHeaders {
+    pub route: Option<String>,
+    pub router_off: bool,
+    pub metadata: Metadata,
+}
+
+impl SteeringHeaders {
+    /// Read them through `get` (a header's value by lower-case name). `Err` says what is
+    /// wrong, in signalbox's words.
+    pub fn read<'a>(get: impl Fn(&str) -> Option<&'a [u8]>) -> Result<Self, &'static str> {
+        let metadata = match get("x-llm-metadata") {
+            None => Metadata::default(),
+            Some(v) => Metadata::parse(v)?,
+        };
+        let route = match get("x-llm-route") {
+            None => None,
+            Some(v) => Some(
+                std::str::from_utf8(v)
+                    .map_err(|_| "`x-llm-route` is not a policy name")?
+                    .trim()
+                    .to_string(),
+            ),
+        };
+        let router_off = get("x-llm-router").is_some_and(|v| v.eq_ignore_ascii_case(b"off"));
+        Ok(Self {
+            route,
+            router_off,
+            metadata,
+        })
+    }
+
+    /// The steering of `request` with these headers.
+    pub fn steer<'a>(&'a self, request: &'a ChatRequest, seed: u64) -> Steering<'a> {
+        Steering {
+            request,
+            route_header: self.route.as_deref(),
+            router_off: self.router_off,
+            metadata: &self.metadata,
+            seed,
+        }
+    }
+}
+
+/// What a request says about where it goes, beyond its body.
+#[derive(Debug, Clone, Copy)]
+pub struct Steering<'a> {
+    pub request: &'a ChatRequest,
+    /// `x-llm-route`.
+    pub route_header: Option<&'a str>,
+    /// `x-llm-router: off`.
+    pub router_off: bool,
+    pub metadata: &'a Metadata,
+    /// The request's own seed (from its id): a weighted policy draw is independent of every
+    /// other request's.
+    pub seed: u64,
+}
+
+/// The facts conditions read, from one request.
+struct RequestFactsView<'a> {
+    steering: &'a Steering<'a>,
+    model: &'a str,
+}
+
+impl Facts for RequestFactsView<'_> {
+    fn get(&self, field: &Field) -> Option<FactValue<'_>> {
+        let r = self.steering.request;
+        #[allow(clippy::cast_precision_loss)]
+        Some(match field {
+            Field::Endpoint => FactValue::Str("chat.completions"),
+            Field::Stream => FactValue::Bool(r.stream),
+            Field::Tools => FactValue::Bool(r.needs.tools),
+            Field::Vision => FactValue::Bool(r.needs.vision),
+            Field::Model => FactValue::Str(self.model),
+            Field::MaxTokens => FactValue::Num(r.max_tokens? as f64),
+            Field::PromptTokens => FactValue::Num(r.prompt_tokens() as f64),
+            Field::Metadata(k) => return self.steering.metadata.get(k),
+            // No caller keys yet: these never match.
+            Field::KeyId | Field::KeyUser | Field::BudgetUsedPct | Field::BudgetRemainingUsd => {
+                return None
+            }
+        })
+    }
+}
+
+/// How a request reached its route.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Via {
+    /// The `model` string named it.
+    Model,
+    /// A policy chose it; `rule` when a rule sent the request to the policy.
+    Policy {
+        policy: PolicyIdx,
+        selection: Selection,
+        rule: Option<usize>,
+    },
+    /// A rule sent `auto` to a chain or axis.
+    Rule(usize),
+}
+
+/// The decision for one request, before its plan.
+#[derive(Debug, Clone)]
+pub struct Routed {
+    pub route: RouteIdx,
+    /// A direct `<provider>/<name>` the catalog does not list.
+    pub adhoc: Option<Arc<Deployment>>,
+    pub via: Via,
+    /// The strategy this request is ranked by.
+    pub strategy: Strategy,
+    /// The request asked for a strategy of its own (ranked now, not from the tables).
+    pub strategy_override: bool,
+    /// The request asked for `smart`, taken as `balanced`.
+    pub smart_fallback: bool,
+    /// `routing.providers`, resolved.
+    pub providers: Option<Vec<ProviderIdx>>,
+}
+
+/// Why a request cannot be routed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecideError {
+    /// The `model` string names nothing usable.
+    Resolve(ResolveError),
+    /// `routing.policy` or `x-llm-route` names no policy (`header` says which).
+    NoSuchPolicy {
+        header: bool,
+    },
+    UnknownStrategy,
+    UnknownProvider,
+}
+
+/// Decide the route of a request: precedence, rules, the policy entry and route.
+pub fn route(tables: &Tables, steering: &Steering<'_>) -> Result<Routed, DecideError> {
+    let request = steering.request;
+    let model = request.model_name();
+    let facts = RequestFactsView {
+        steering,
+        model: &model,
+    };
+    let overrides = request.routing.as_ref();
+    let named_policy = match (
+        overrides.and_then(|r| r.policy.as_deref()),
+        steering.route_header,
+    ) {
+        (Some(p), _) => Some(
+            tables
+                .policy_by_name(&p.to_ascii_lowercase())
+                .ok_or(DecideError::NoSuchPolicy { header: false })?,
+        ),
+        (None, Some(h)) => Some(
+            tables
+                .policy_by_name(&h.to_ascii_lowercase())
+                .ok_or(DecideError::NoSuchPolicy { header: true })?,
+        ),
+        (None, None) => None,
+    };
+    let (route, adhoc, via) = match named_policy {
+        Some(p) => policy_route(tables, p, &facts, steering, None),
+        None => match resolve_with_rules(tables, &model, &facts)? {
+            Target::Route(r, via) => (r, None, via),
+            Target::Adhoc(r, d) => (r, Some(d), Via::Model),
+            Target::Policy(p, rule) => policy_route(tables, p, &facts, steering, rule),
+        },
+    };
+    let base = tables.route(route).strategy;
+    let (strategy, strategy_override, smart_fallback) =
+        match overrides.and_then(|r| r.strategy.as_deref()) {
+            None => (base, false, false),
+            Some("smart") => (Strategy::Balanced, true, true),
+            Some(name) => (
+                Strategy::parse(name).ok_or(DecideError::UnknownStrategy)?,
+                true,
+                false,
+            ),
+        };
+    let providers = match overrides.and_then(|r| r.providers.as_ref()) {
+        None => None,
+        Some(ids) => Some(
+            ids.iter()
+                .map(|id| tables.catalog.provider_by_id(id).map(|p| p.idx))
+                .collect::<Option<Vec<_>>>()
+                .ok_or(DecideError::UnknownProvider)?,
+        ),
+    };
+    Ok(Routed {
+        route,
+        adhoc,
+        via,
+        strategy,
+        strategy_override: strategy_override && strategy != base,
+        smart_fallback,
+        providers,
+    })
+}
+
+enum Target {
+    Route(RouteIdx, Via),
+    Adhoc(RouteIdx, Arc<Deployment>),
+    Policy(PolicyIdx, Option<usize>),
+}
+
+/// The `model` string, with the rules for `auto`.
+fn resolve_with_rules(
+    tables: &Tables,
+    model: &str,
+    facts: &dyn Facts,
+) -> Result<Target, DecideError> {
+    if model.eq_ignore_ascii_case("auto") {
+        if let Some((n, rule)) = tables
+            .rules
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.when.matches(facts))
+        {
+            return Ok(match rule.dest {
+                RuleDest::Route(r) => Target::Route(r, Via::Rule(n)),
+                RuleDest::Policy(p) => Target::Policy(p, Some(n)),
+            });
+        }
+    }
+    match resolve(tables, model).map_err(DecideError::Resolve)? {
+        Resolution::Route(r) => Ok(Target::Route(r, Via::Model)),
+        Resolution::Adhoc { route, deployment } => Ok(Target::Adhoc(route, deployment)),
+        Resolution::Policy(p) => Ok(Target::Policy(p, None)),
+    }
+}
+
+fn policy_route(
+    tables: &Tables,
+    p: PolicyIdx,
+    facts: &dyn Facts,
+    steering: &Steering<'_>,
+    rule: Option<usize>,
+) -> (RouteIdx, Option<Arc<Deployment>>, Via) {
+    let request = steering.request;
+    let unit = unit_draw(steering.seed);
+    let selection = tables
+        .policy(p)
+        .select(facts, steering.router_off, unit, || {
+            match request.complexity() {
+                Complexity::Simple => 0,
+                Complexity::Medium => 1,
+                Complexity::Complex => 2,
+            }
+        });
+    (
+        selection.route,
+        None,
+        Via::Policy {
+            policy: p,
+            selection,
+            rule,
+        },
+    )
+}
+
+/// A uniform draw in [0, 1) from the request's seed (its own stream: not the plan's).
+fn unit_draw(seed: u64) -> f64 {
+    let r = super::lead::splitmix64(seed ^ 0x706f_6c69_6379_0001);
+    #[allow(clippy::cast_precision_loss)]
+    let v = (r >> 11) as f64 / (1u64 << 53) as f64;
+    v
+}
+
+/// The plan of a routed request: the route's ranked order (from the shared tables, or ranked
+/// now for a strategy of the request's own), narrowed and tie-broken by `routing.providers`.
+pub fn plan(
+    tables: &Tables,
+    rankings: &Rankings,
+    env: &PlanEnv<'_>,
+    routed: &Routed,
+    facts: RequestFacts,
+) -> Plan {
+    if let Some(d) = &routed.adhoc {
+        let mut plan = Plan::adhoc(d.clone(), facts);
+        if let Some(p) = &routed.providers {
+            plan.restrict_to(p.clone());
+        }
+        return plan;
+    }
+    let route = tables.route(routed.route);
+    let mut order: Arc<[DeploymentIdx]> = if routed.strategy_override {
+        let by = RankBy {
+            strategy: routed.strategy,
+            custom: tables.routing.custom_weights,
+            now_ms: env.now_ms,
+            tokens: (facts.input_tokens, facts.output_tokens),
+        };
+        let mut order = Vec::with_capacity(route.candidates.len());
+        for s in route.segments.iter() {
+            order.extend(rank(
+                &tables.catalog,
+                &tables.health,
+                &route.candidates[s.range.clone()],
+                by,
+            ));
+        }
+        order.into()
+    } else {
+        rankings.order(tables, routed.route)
+    };
+    if let (Some(providers), Strategy::Priority) = (&routed.providers, routed.strategy) {
+        // The caller's provider order breaks priority ties.
+        let mut v = order.to_vec();
+        v.sort_by_key(|d| {
+            let d = tables.catalog.deployment(*d);
+            let at = providers.iter().position(|p| *p == d.provider);
+            (d.priority, at.unwrap_or(usize::MAX))
+        });
+        order = v.into();
+    }
+    let mut plan = Plan::new(order, routed.strategy, facts).with_lead_span(route.lead_span());
+    if let Some(p) = &routed.providers {
+        plan.restrict_to(p.clone());
+    }
+    plan
+}
+
+impl DecideError {
+    /// The answer the caller gets, in signalbox's words (names echoed only when they are the
+    /// caller's own input, short and printable).
+    pub fn answer(&self, request: &ChatRequest) -> GatewayError {
+        let e = self.clone();
+        let invalid = |m: String| GatewayError::new(ErrorCode::InvalidRequest, m);
+        let routing = request.routing.as_ref();
+        match e {
+            DecideError::Resolve(e) => resolve_error(e, &request.model_name()),
+            DecideError::NoSuchPolicy { header: true } => {
+                invalid("`x-llm-route`: no policy of that name".to_string())
+            }
+            DecideError::NoSuchPolicy { header: false } => invalid(format!(
+                "`routing.policy`: no policy named {:?}",
+                truncate(routing.and_then(|r| r.policy.as_deref()).unwrap_or(""))
+            )),
+            DecideError::UnknownStrategy => invalid(format!(
+                "`routing.strategy`: unknown strategy {:?}",
+                truncate(routing.and_then(|r| r.strategy.as_deref()).unwrap_or(""))
+            )),
+            DecideError::UnknownProvider => {
+                invalid("`routing.providers` names a provider that does not exist".to_string())
+            }
+        }
+    }
+}
+
+fn resolve_error(e: ResolveError, model: &str) -> GatewayError {
+    // The model name is echoed only when short and printable: it is the caller's own input.
+    let shown: String = if model.len() <= 128 && model.bytes().all(|b| b.is_ascii_graphic()) {
+        model.to_string()
+    } else {
+        "(the requested model)".to_string()
+    };
+    match e {
+        ResolveError::ModelNotFound => GatewayError::new(
+            ErrorCode::ModelNotFound,
+            format!("no model, alias or chain named {shown:?}"),
+        ),
+        ResolveError::NoActiveChain => GatewayError::new(
+            ErrorCode::ModelNotFound,
+            "`auto` needs an active chain and none is configured",
+        ),
+        ResolveError::ChainEmpty => GatewayError::new(
+            ErrorCode::ChainEmpty,
+            format!("{shown:?} names a chain with no usable model"),
+        ),
+        ResolveError::ModelDisabled => {
+            GatewayError::new(ErrorCode::ModelNotFound, format!("{shown:?} is disabled"))
+        }
+    }
+}
+
+fn truncate(s: &str) -> String {
+    s.chars().take(64).collect()
+}

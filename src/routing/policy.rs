@@ -1,0 +1,339 @@
+//! Policies and rules, compiled into routes when the snapshot is built.
+//!
+//! A policy's `select` entry can order its targets in a few fixed ways, so each way is a
+//! route built once: a weighted entry has one route per target that can lead (that target
+//! first, the others in the order written), a complexity entry one per tier (that tier first,
+//! then the others, more capable first), a priority or strategy entry one. Each route is the
+//! entry's targets followed by the policy's `on_failure` models, every model a segment ranked
+//! by the policy's strategy (or the model's own); a `strategy` entry ranks all its targets'
+//! deployments together. Per request, choosing is then a condition walk and, for a weighted
+//! entry, one draw: no allocation, no ranking. A policy whose entries all have a `when` that
+//! does not hold falls back to a route of its `on_failure` models alone.
+//!
+//! Rules are compiled to where they send a request: a chain or axis route, or a policy.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::HeaderValue;
+
+use super::table::{Builder, RouteIdx, RouteKind};
+use crate::catalog::DeploymentIdx;
+use crate::config::condition::{Condition, Facts};
+use crate::config::{Config, PolicyConfig, RouterConfig, RuleTarget, Strategy};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PolicyIdx(pub u32);
+
+impl PolicyIdx {
+    pub fn get(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// A compiled policy.
+#[derive(Debug)]
+pub struct PolicyTable {
+    pub idx: PolicyIdx,
+    pub name: Arc<str>,
+    pub entries: Vec<PolicyEntry>,
+    /// The route of the `on_failure` models alone (when no entry holds).
+    pub fallback: RouteIdx,
+    /// Upstream calls per request under this policy (`None`: `failover.max_attempts`).
+    pub max_attempts: Option<u32>,
+    /// A provider's 400 moves on to the next candidate instead of being relayed.
+    pub failover_on_client_error: bool,
+}
+
+/// One `select` entry.
+#[derive(Debug)]
+pub struct PolicyEntry {
+    pub when: Option<Condition>,
+    pub router: EntryRouter,
+}
+
+/// The routes one entry can produce, and how a request picks among them.
+#[derive(Debug)]
+pub enum EntryRouter {
+    /// One route per target, that target first; `weights[i]` is route `i`'s share (normalised,
+    /// 0 for a target without a weight: it never leads).
+    Weighted {
+        routes: Vec<RouteIdx>,
+        weights: Vec<f64>,
+    },
+    /// Priority and strategy entries: one order.
+    Fixed(RouteIdx),
+    /// One route per tier (simple, medium, complex), that tier first.
+    Complexity([RouteIdx; 3]),
+}
+
+/// How an entry's route was chosen for one request, for explain and the routing reason.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Pick {
+    /// A weighted draw led with target `index`, whose share is `share`.
+    Drawn { index: usize, share: f64 },
+    /// The complexity tier (0 simple, 1 medium, 2 complex) led.
+    Tier(usize),
+    /// The only order of a priority or strategy entry.
+    Fixed,
+    /// `x-llm-router: off`: the targets in the order written.
+    RouterOff,
+}
+
+/// What a policy chose for one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Selection {
+    pub route: RouteIdx,
+    /// The `select` entry that held; `None` when none did (the `on_failure` route).
+    pub entry: Option<usize>,
+    pub pick: Pick,
+}
+
+impl PolicyTable {
+    /// The first entry whose `when` holds, and the route it gives this request. `unit` is a
+    /// fresh draw in [0, 1); `tier` gives the request's complexity tier (asked only by a
+    /// complexity entry); `router_off` takes the targets in the order written.
+    pub fn select(
+        &self,
+        facts: &dyn Facts,
+        router_off: bool,
+        unit: f64,
+        tier: impl FnOnce() -> usize,
+    ) -> Selection {
+        let Some((i, entry)) = self
+            .entries
+            .iter()
+            .enumerate()
+            .find(|(_, e)| e.when.as_ref().is_none_or(|w| w.matches(facts)))
+        else {
+            return Selection {
+                route: self.fallback,
+                entry: None,
+                pick: Pick::Fixed,
+            };
+        };
+        let (route, pick) = match &entry.router {
+            EntryRouter::Fixed(r) => (*r, Pick::Fixed),
+            EntryRouter::Weighted { routes, .. } if router_off => (routes[0], Pick::RouterOff),
+            EntryRouter::Complexity(routes) if router_off => (routes[0], Pick::RouterOff),
+            EntryRouter::Weighted { routes, weights } => {
+                let index = draw(weights, unit);
+                (
+                    routes[index],
+                    Pick::Drawn {
+                        index,
+                        share: weights[index],
+                    },
+                )
+            }
+            EntryRouter::Complexity(routes) => {
+                let t = tier().min(2);
+                (routes[t], Pick::Tier(t))
+            }
+        };
+        Selection {
+            route,
+            entry: Some(i),
+            pick,
+        }
+    }
+}
+
+/// The index `unit` falls on among normalised `weights` (positive ones only).
+fn draw(weights: &[f64], unit: f64) -> usize {
+    let mut x = unit;
+    let mut last = 0;
+    for (i, w) in weights.iter().enumerate() {
+        if *w <= 0.0 {
+            continue;
+        }
+        if x < *w {
+            return i;
+        }
+        x -= w;
+        last = i;
+    }
+    last
+}
+
+/// A compiled rule.
+#[derive(Debug)]
+pub struct RuleTable {
+    pub when: Condition,
+    pub dest: RuleDest,
+    /// `rule:<n>`: the `x-llm-route` of a request the rule sent, and the metrics label.
+    pub label: Arc<str>,
+    pub header: HeaderValue,
+}
+
+/// Where a rule sends a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleDest {
+    Route(RouteIdx),
+    Policy(PolicyIdx),
+}
+
+/// Every model's deployments in order, as segments ranked by `strategy` (or each model's own).
+fn model_parts(
+    b: &Builder<'_>,
+    models: impl Iterator<Item = usize>,
+    strategy: Option<Strategy>,
+) -> Vec<(Strategy, Vec<DeploymentIdx>)> {
+    models
+        .filter_map(|m| b.catalog.models.get(m))
+        .map(|m| (strategy.unwrap_or(m.strategy), m.deployments.clone()))
+        .collect()
+}
+
+/// One route of a policy: `lead` models first (in that order), then `on_failure`.
+fn policy_route(
+    b: &mut Builder<'_>,
+    p: &PolicyConfig,
+    lead: &[usize],
+    lead_strategy: Option<Strategy>,
+) -> RouteIdx {
+    let mut parts = match lead_strategy {
+        // A strategy entry ranks all its targets' deployments together.
+        Some(s) => vec![(
+            s,
+            lead.iter()
+                .filter_map(|&m| b.catalog.models.get(m))
+                .flat_map(|m| m.deployments.iter().copied())
+                .collect(),
+        )],
+        None => model_parts(b, lead.iter().copied(), p.strategy),
+    };
+    parts.extend(model_parts(b, p.on_failure.iter().copied(), p.strategy));
+    b.push_segments(RouteKind::Policy, &p.name, parts)
+}
+
+/// Compile every policy into its routes.
+pub(super) fn compile_policies(config: &Config, b: &mut Builder<'_>) -> Vec<PolicyTable> {
+    config
+        .policies
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let entries = p
+                .select
+                .iter()
+                .map(|e| PolicyEntry {
+                    when: e.when.clone(),
+                    router: compile_router(b, p, &e.router),
+                })
+                .collect();
+            let fallback = policy_route(b, p, &[], None);
+            PolicyTable {
+                idx: PolicyIdx(u32::try_from(i).unwrap_or(u32::MAX)),
+                name: Arc::from(p.name.as_str()),
+                entries,
+                fallback,
+                max_attempts: p.max_attempts,
+                failover_on_client_error: p.failover_on_client_error,
+            }
+        })
+        .collect()
+}
+
+fn compile_router(b: &mut Builder<'_>, p: &PolicyConfig, router: &RouterConfig) -> EntryRouter {
+    match router {
+        RouterConfig::Weighted(targets) => {
+            let models: Vec<usize> = targets.iter().map(|t| t.model).collect();
+            let routes = (0..models.len())
+                .map(|lead| {
+                    let mut order = Vec::with_capacity(models.len());
+                    order.push(models[lead]);
+                    order.extend(
+                        models
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, _)| *i != lead)
+                            .map(|(_, m)| *m),
+                    );
+                    policy_route(b, p, &order, None)
+                })
+                .collect();
+            let raw: Vec<f64> = targets
+                .iter()
+                .map(|t| {
+                    t.weight
+                        .filter(|w| w.is_finite() && *w > 0.0)
+                        .unwrap_or(0.0)
+                })
+                .collect();
+            let total: f64 = raw.iter().sum();
+            let weights = raw
+                .iter()
+                .map(|w| if total > 0.0 { w / total } else { 0.0 })
+                .collect();
+            EntryRouter::Weighted { routes, weights }
+        }
+        RouterConfig::Priority(targets) => {
+            let models: Vec<usize> = targets.iter().map(|t| t.model).collect();
+            EntryRouter::Fixed(policy_route(b, p, &models, None))
+        }
+        RouterConfig::Strategy { strategy, targets } => {
+            let models: Vec<usize> = targets.iter().map(|t| t.model).collect();
+            EntryRouter::Fixed(policy_route(b, p, &models, Some(*strategy)))
+        }
+        RouterConfig::Complexity {
+            simple,
+            medium,
+            complex,
+        } => {
+            // After the tier that leads, the more capable tier first: a request that failed on
+            // its own tier is better served up than down.
+            let orders = [
+                [*simple, *medium, *complex],
+                [*medium, *complex, *simple],
+                [*complex, *medium, *simple],
+            ];
+            EntryRouter::Complexity(orders.map(|o| policy_route(b, p, &o, None)))
+        }
+    }
+}
+
+/// Compile every rule to where it sends a request.
+pub(super) fn compile_rules(
+    config: &Config,
+    chains: &[RouteIdx],
+    axes: &HashMap<&'static str, RouteIdx>,
+    policies: &[PolicyTable],
+) -> Vec<RuleTable> {
+    config
+        .rules
+        .iter()
+        .enumerate()
+        .filter_map(|(n, r)| {
+            let dest = match &r.then {
+                RuleTarget::Chain(c) => RuleDest::Route(*chains.get(*c)?),
+                RuleTarget::Axis(a) => RuleDest::Route(*axes.get(a.as_str())?),
+                RuleTarget::Policy(p) => RuleDest::Policy(policies.get(*p)?.idx),
+            };
+            let label: Arc<str> = Arc::from(format!("rule:{n}"));
+            let header = HeaderValue::from_str(&label).ok()?;
+            Some(RuleTable {
+                when: r.when.clone(),
+                dest,
+                label,
+                header,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draws_follow_the_normalised_weights_and_skip_the_unweighted() {
+        let weights = [0.7, 0.0, 0.3];
+        let mut counts = [0; 3];
+        for i in 0..1000 {
+            counts[draw(&weights, (f64::from(i) + 0.5) / 1000.0)] += 1;
+        }
+        assert_eq!(counts, [700, 0, 300]);
+        assert_eq!(draw(&weights, 0.999_999_9), 2);
+    }
+}

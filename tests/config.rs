@@ -1,5 +1,5 @@
-//! The command line: `-t` validates and lists every error, JSON configs load, `explain` prints
-//! the plan, the shipped example configs are valid.
+//! The command line: `-t` validates and lists every error (policies and rules included), JSON
+//! configs load, `explain` prints the plan, the shipped example configs are valid.
 
 #![allow(clippy::unwrap_used)]
 
@@ -50,6 +50,62 @@ failover: { max_attempts: 0, transient_retries: 9 }
     let out = signalbox(&["-t", "-c", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("surprise"));
+}
+
+#[test]
+fn test_flag_lists_every_policy_and_rule_error_with_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policies.yaml");
+    let long_regex = "a".repeat(1025);
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+providers:
+  a: {{ kind: openai, base_url: "http://127.0.0.1:9001/v1" }}
+models:
+  m: {{ deployments: [{{ provider: a, model: up-m }}] }}
+aliases: {{ fast: m }}
+chains: {{ main: [m] }}
+policies:
+  FAST: {{ select: [ {{ router: priority, targets: [ {{ model: m }} ] }} ] }}
+  "a/b": {{ select: [ {{ router: priority, targets: [ {{ model: m }} ] }} ] }}
+  p:
+    select:
+      - {{ when: {{ foo.bar: 1 }}, router: priority, targets: [ {{ model: q }} ] }}
+      - {{ when: {{ metadata.x: {{ $regex: "(a{{1000}}){{1000}}" }} }}, router: weighted, targets: [ {{ model: m }} ] }}
+      - {{ router: complexity, tiers: {{ simple: m, medium: m }} }}
+    on_failure: [ q ]
+  q: {{ select: [ {{ router: priority, targets: [ {{ model: m }} ] }} ] }}
+rules:
+  - {{ when: {{ $and: [ {{ params.tools: true }}, {{ metadata.team: {{ $inn: [a] }} }} ] }}, then: auto:main }}
+  - {{ when: {{ metadata.x: {{ $regex: "{long_regex}" }} }}, then: nowhere }}
+  - {{ when: {{ $and: [ {{ $or: [ {{ $and: [ {{ $or: [ {{ $and: [ {{ params.stream: true }} ] }} ] }} ] }} ] }} ] }}, then: p }}
+  - {{ when: {{ params.stream: {{ $gt: 3 }} }}, then: auto:fast }}
+"#
+        ),
+    )
+    .unwrap();
+    let out = signalbox(&["-t", "-c", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for needle in [
+        "policies.FAST: the name is already used by aliases.fast",
+        "policies.a/b: policy names are",
+        "policies.p.select[0].when.foo.bar: unknown field family `foo`",
+        "policies.p.select[0].targets[0].model: \"q\" is a policy; a policy cannot refer to another policy",
+        "policies.p.select[1].when.metadata.x.$regex: the pattern compiles past the size limit",
+        "policies.p.select[1].targets: router weighted needs at least one target with a positive weight",
+        "policies.p.select[2].tiers: missing `complex`",
+        "policies.p.on_failure[0]: \"q\" is a policy",
+        "rules[0].when.$and[1].metadata.team: unknown operator `$inn`",
+        "rules[1].when.metadata.x.$regex: the pattern is 1025 bytes",
+        "rules[1].then: \"nowhere\" names nothing",
+        "rules[2].when.$and[0].$or[0].$and[0].$or[0].$and: `$and`/`$or` nested more than 4 deep",
+        "rules[3].when.params.stream.$gt: `$gt` compares numbers and `params.stream` is a boolean",
+    ] {
+        assert!(err.contains(needle), "{needle} missing from:\n{err}");
+    }
 }
 
 #[test]

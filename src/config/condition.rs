@@ -10,11 +10,11 @@
 //!
 //! Evaluation never fails: a field the request does not have, or a value of another type,
 //! makes that comparison false — for `$ne` and `$nin` too, so a condition never matches on
-//! what is missing. Conditions are compiled when the config loads (unknown operators and
-//! fields, bad regular expressions and the size limits are refused there, with the key path);
-//! a compiled condition costs a bounded walk: [`MAX_DEPTH`] levels, [`MAX_CLAUSES`] comparisons,
-//! regular expressions of at most [`MAX_REGEX_LEN`] bytes compiled under [`REGEX_SIZE_LIMIT`]
-//! (the `regex` crate matches in linear time).
+//! what is missing. Conditions are compiled when the config loads, by `config::compile`
+//! (unknown operators and fields, bad regular expressions and the size limits are refused
+//! there, with the key path); a compiled condition costs a bounded walk: [`MAX_DEPTH`] levels,
+//! [`MAX_CLAUSES`] comparisons, regular expressions of at most [`MAX_REGEX_LEN`] bytes compiled
+//! under [`REGEX_SIZE_LIMIT`] (the `regex` crate matches in linear time).
 
 /// The deepest nesting of `$and`/`$or` (the condition itself is level 1).
 pub const MAX_DEPTH: usize = 4;

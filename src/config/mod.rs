@@ -11,8 +11,11 @@
 //! - [`defaults`]: every default value, the only place one is written;
 //! - [`types`]: the checked domain types the rest of signalbox reads;
 //! - [`values`]: parsers of single values (durations, sizes, URLs, addresses) and name rules;
+//! - [`condition`]: the condition language of `rules` and policies, compiled and evaluated;
+//!   `compile` turns a condition as written into it;
 //! - [`validate`]: the checks, one file per section, and [`validate::validate`].
 
+mod compile;
 pub mod condition;
 pub mod defaults;
 pub mod schema;

@@ -38,6 +38,12 @@ pub struct ConfigFile {
     pub routing: RoutingSection,
     #[serde(default)]
     pub pingora: PingoraSection,
+    /// Named routing policies, callable as a model name, by `x-llm-route` or `routing.policy`.
+    #[serde(default)]
+    pub policies: BTreeMap<String, PolicySection>,
+    /// Conditional rules consulted when a request names `auto`, in the order written.
+    #[serde(default)]
+    pub rules: Vec<RuleSection>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -346,6 +352,104 @@ pub struct PingoraSection {
     pub upstream_keepalive_pool_size: Option<usize>,
     #[serde(default)]
     pub ca_file: Option<String>,
+}
+
+/// A routing policy (`policies.<name>`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySection {
+    /// The first entry whose `when` holds selects; an entry without `when` always holds.
+    pub select: Vec<SelectSection>,
+    /// Models (or aliases) tried in order after the selected ones.
+    #[serde(default)]
+    pub on_failure: Vec<String>,
+    /// Orders each model's deployments (absent: each model's own `strategy`).
+    #[serde(default)]
+    pub strategy: Option<String>,
+    #[serde(default)]
+    pub failover_on_client_error: bool,
+    /// Upstream calls per request under this policy (absent: `failover.max_attempts`).
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+}
+
+/// One `select` entry. Which of `targets`, `tiers` and `strategy` it takes depends on its
+/// `router`; validation checks the combination (so every misplaced key is reported at once).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SelectSection {
+    /// A condition as written; compiled by validation. `when: null` is kept (as `Some(Null)`)
+    /// so it is refused rather than read as "no condition".
+    #[serde(default, deserialize_with = "raw_present")]
+    pub when: Option<serde_yaml::Value>,
+    pub router: RouterKindSection,
+    #[serde(default)]
+    pub targets: Option<Vec<TargetSection>>,
+    #[serde(default)]
+    pub tiers: Option<TiersSection>,
+    #[serde(default)]
+    pub strategy: Option<String>,
+}
+
+/// `select[].router`.
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RouterKindSection {
+    Weighted,
+    Priority,
+    Complexity,
+    Strategy,
+}
+
+impl RouterKindSection {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouterKindSection::Weighted => "weighted",
+            RouterKindSection::Priority => "priority",
+            RouterKindSection::Complexity => "complexity",
+            RouterKindSection::Strategy => "strategy",
+        }
+    }
+}
+
+/// A model (or alias) a `select` entry names.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetSection {
+    pub model: String,
+    /// Share of draws under router `weighted` (any positive scale); refused elsewhere.
+    #[serde(default)]
+    pub weight: Option<f64>,
+}
+
+/// `select[].tiers` of router `complexity`: a model (or alias) per tier, all three required.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TiersSection {
+    #[serde(default)]
+    pub simple: Option<String>,
+    #[serde(default)]
+    pub medium: Option<String>,
+    #[serde(default)]
+    pub complex: Option<String>,
+}
+
+/// A conditional rule (`rules[n]`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleSection {
+    /// A condition as written; compiled by validation.
+    pub when: serde_yaml::Value,
+    /// `auto:<chain>`, `auto:<axis>` or a policy name.
+    pub then: String,
+}
+
+/// Deserialize a present value as `Some` even when it is `null`.
+fn raw_present<'de, D>(d: D) -> Result<Option<serde_yaml::Value>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    serde_yaml::Value::deserialize(d).map(Some)
 }
 
 // === serde defaults: each hands one value of `defaults` over in the file's raw form ===

@@ -196,6 +196,28 @@ pub(super) fn check_catalog_name(name: &str, path: &str, errs: &mut Vec<ConfigEr
     }
 }
 
+/// Policy names: callers send them as `model` (so they follow the catalog's rules) and in
+/// `x-llm-route`; no `/` either, which would read as `<provider>/<upstream-model>`.
+pub(super) fn check_policy_name(name: &str, path: &str, errs: &mut Vec<ConfigError>) {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b'"' | b'\\' | b':' | b'/'));
+    if !ok {
+        errs.push(ConfigError::new(
+            path,
+            "policy names are 1-128 visible ASCII characters without ':', '/', quotes or backslashes",
+        ));
+    }
+    if name.eq_ignore_ascii_case("auto") {
+        errs.push(ConfigError::new(
+            path,
+            "`auto` is reserved for the active chain",
+        ));
+    }
+}
+
 /// Chain names: callers write them as `auto:<chain>`.
 pub(super) fn check_chain_name(name: &str, path: &str, errs: &mut Vec<ConfigError>) {
     let ok = !name.is_empty()

@@ -8,8 +8,9 @@ use crate::config::ConfigError;
 
 /// The largest `failover.transient_retries` accepted: more only hammers a failing target.
 const TRANSIENT_RETRIES_CEILING: u32 = 5;
-/// The largest `failover.max_attempts` accepted: far beyond any useful plan.
-const MAX_ATTEMPTS_CEILING: u32 = 100;
+/// The largest `failover.max_attempts` (and a policy's `max_attempts`) accepted: far beyond any
+/// useful plan.
+pub(super) const MAX_ATTEMPTS_CEILING: u32 = 100;
 /// The largest `limits.max_request_body` accepted: bodies are held in memory per request.
 const BODY_CEILING: u64 = 1 << 30;
 /// The smallest `limits.max_request_headers` accepted.

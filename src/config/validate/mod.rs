@@ -3,14 +3,17 @@
 //! [`validate`] runs every section's check and never stops at the first problem: each error
 //! is collected with the key path it concerns (`models.gpt-4o.deployments[1].provider`) so
 //! `signalbox -t` can list them all, and a config with any error is refused as a whole.
-//! Cross references (a deployment's provider, an alias's model, a chain's entries) are
-//! resolved here into indices, so later layers never look a name up twice. Secrets are not
-//! read here: a config names where a key lives, `catalog` reads it.
+//! Cross references (a deployment's provider, an alias's model, a chain's entries, what
+//! policies and rules name) are resolved here into indices, so later layers never look a name
+//! up twice; conditions are compiled here. Secrets are not read here: a config names where a
+//! key lives, `catalog` reads it.
 //!
 //! One file per part of the config file:
 //! - `providers.rs`: `providers.*` and their `credentials`;
 //! - `models.rs`: `models.*` and their `deployments`;
-//! - `names.rs`: the model/alias namespace, `aliases`, `chains` and `active_chain`;
+//! - `names.rs`: the model/alias/policy namespace, `aliases`, `chains` and `active_chain`;
+//! - `policies.rs`: `policies.*`, their `select` entries, routers and `on_failure`;
+//! - `rules.rs`: `rules`, the conditions and targets of `auto`;
 //! - `failover.rs`: `failover` and `limits`, the bounds on one request;
 //! - `health.rs`: `health`, breakers, benching, probes and degraded mode;
 //! - `routing.rs`: `routing`, the ranking knobs;
@@ -20,8 +23,10 @@ mod failover;
 mod health;
 mod models;
 mod names;
+mod policies;
 mod providers;
 mod routing;
+mod rules;
 mod server;
 
 use super::schema::ConfigFile;
@@ -40,9 +45,11 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
     let mut names = names::Namespace::default();
     let models = models::validate_models(&file.models, &providers, &mut names, &mut errs);
     let aliases = names::validate_aliases(&file.aliases, &mut names, &mut errs);
-    let chains = names::validate_chains(&file.chains, &names, &mut errs);
+    let chains = names::validate_chains(&file.chains, &mut names, &mut errs);
     let active_chain =
         names::validate_active_chain(file.active_chain.as_deref(), &chains, &mut errs);
+    let policies = policies::validate_policies(&file.policies, &models, &mut names, &mut errs);
+    let rules = rules::validate_rules(&file.rules, &chains, &names, &mut errs);
 
     server::validate_pingora(&file.pingora, &mut errs);
     let health = health::validate_health(&file.health, &mut errs);
@@ -58,8 +65,8 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
         aliases,
         chains,
         active_chain,
-        policies: Vec::new(),
-        rules: Vec::new(),
+        policies,
+        rules,
         failover,
         limits,
         health,

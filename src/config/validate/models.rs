@@ -118,9 +118,11 @@ fn validate_model(
     }
 }
 
-fn strategy_names() -> String {
+/// The strategies that order a model's deployments (every one but `chain`), for messages.
+pub(super) fn strategy_names() -> String {
     Strategy::ALL
         .iter()
+        .filter(|s| **s != Strategy::Chain)
         .map(|s| s.as_str())
         .collect::<Vec<_>>()
         .join(", ")

@@ -1,22 +1,38 @@
-//! Names callers send: the catalog namespace (models and aliases share one case-insensitive
-//! namespace), `aliases` (a second name for one model), `chains` (ordered lists of models
-//! named as `auto:<chain>`, in their own namespace) and `active_chain` (what `auto` means).
+//! Names callers send: the catalog namespace (models, aliases and policies share one
+//! case-insensitive namespace, which a policy name may not share with a chain either),
+//! `aliases` (a second name for one model), `chains` (ordered lists of models named as
+//! `auto:<chain>`) and `active_chain` (what `auto` means). Policies themselves are checked in
+//! `policies`, which claims their names here.
 
 use std::collections::{BTreeMap, HashMap};
 
 use crate::config::types::{AliasConfig, ChainConfig};
-use crate::config::values::{check_catalog_name, check_chain_name};
+use crate::config::values::{check_catalog_name, check_chain_name, check_policy_name};
 use crate::config::ConfigError;
 
-/// The model and alias names seen so far, lower-cased.
+/// The model, alias, chain and policy names seen so far, lower-cased.
 #[derive(Default)]
 pub(super) struct Namespace {
-    /// Every claimed name, with the key path that claimed it first.
+    /// Every claimed model, alias and policy name, with the key path that claimed it first.
     claimed: HashMap<String, String>,
     /// Model name → index into `Config::models`.
     models: HashMap<String, usize>,
     /// Alias name → index of the model it names.
     aliases: HashMap<String, usize>,
+    /// Chain name → the key path that declared it (chains may share a model's name, not a
+    /// policy's).
+    chains: HashMap<String, String>,
+    /// Policy name → index into `Config::policies`.
+    policies: HashMap<String, usize>,
+}
+
+/// What a name a policy refers to means.
+pub(super) enum Named {
+    /// A model, or an alias resolved to its model: an index into `Config::models`.
+    Model(usize),
+    /// A policy.
+    Policy,
+    Nothing,
 }
 
 impl Namespace {
@@ -43,6 +59,52 @@ impl Namespace {
                 format!("the name is already used by {prev} (names are case-insensitive)"),
             ));
         }
+    }
+
+    /// Record policy `index` under `name`: the policy name rules, and no model, alias, chain
+    /// or other policy of the same name.
+    pub(super) fn add_policy(
+        &mut self,
+        name: &str,
+        index: usize,
+        path: &str,
+        errs: &mut Vec<ConfigError>,
+    ) {
+        let before = errs.len();
+        check_policy_name(name, path, errs);
+        let key = name.to_ascii_lowercase();
+        if let Some(chain) = self.chains.get(&key) {
+            errs.push(ConfigError::new(
+                path,
+                format!("the name is already used by {chain} (names are case-insensitive)"),
+            ));
+        }
+        self.claim(name, path, errs);
+        // A refused name means nothing: whatever else it was is what references find.
+        if errs.len() == before {
+            self.policies.insert(key, index);
+        }
+    }
+
+    /// What `name` means where a policy names a model.
+    pub(super) fn lookup(&self, name: &str) -> Named {
+        if let Some(m) = self.resolve(name) {
+            Named::Model(m)
+        } else if self.policies.contains_key(&name.to_ascii_lowercase()) {
+            Named::Policy
+        } else {
+            Named::Nothing
+        }
+    }
+
+    /// The index of the policy `name` names (case-insensitive).
+    pub(super) fn policy(&self, name: &str) -> Option<usize> {
+        self.policies.get(&name.to_ascii_lowercase()).copied()
+    }
+
+    /// Whether `name` is a model or an alias.
+    pub(super) fn is_model(&self, name: &str) -> bool {
+        self.resolve(name).is_some()
     }
 
     /// The model a model or alias name means.
@@ -87,7 +149,7 @@ pub(super) fn validate_aliases(
 
 pub(super) fn validate_chains(
     file: &BTreeMap<String, Vec<String>>,
-    names: &Namespace,
+    names: &mut Namespace,
     errs: &mut Vec<ConfigError>,
 ) -> Vec<ChainConfig> {
     let mut chains: Vec<ChainConfig> = Vec::with_capacity(file.len());
@@ -99,6 +161,8 @@ pub(super) fn validate_chains(
                 &path,
                 "another chain has the same name (names are case-insensitive)",
             ));
+        } else {
+            names.chains.insert(name.to_ascii_lowercase(), path.clone());
         }
         let mut resolved = Vec::with_capacity(entries.len());
         for (i, entry) in entries.iter().enumerate() {

@@ -144,6 +144,43 @@ fn explain_prints_the_plan() {
     );
 }
 
+#[test]
+fn explain_takes_headers_and_a_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = dir.path().join("body.json");
+    std::fs::write(
+        &body,
+        r#"{"model":"auto","tools":[{"type":"function","function":{"name":"f"}}],"messages":[]}"#,
+    )
+    .unwrap();
+    // Tools: the first rule sends `auto` to the economy chain.
+    let out = signalbox(&[
+        "explain",
+        "-c",
+        "conf/signalbox.yaml",
+        "--body",
+        body.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("route:    rule:0"), "{text}");
+    // A metadata header: the second rule sends it to the `spill` policy; --json as the admin
+    // endpoint answers.
+    let out = signalbox(&[
+        "explain",
+        "-c",
+        "conf/signalbox.yaml",
+        "--json",
+        "--header",
+        r#"x-llm-metadata: {"team":"support","tier":"free"}"#,
+        "auto",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["route"], "rule:1", "{v:#}");
+    assert_eq!(v["via"]["policy"], "spill", "{v:#}");
+    assert_eq!(v["via"]["entry"], 0, "the free tier's entry: {v:#}");
+    assert_eq!(v["order"][0]["candidate"], "mock-a/gpt-4o-mini", "{v:#}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_json_config_serves() {
     let m = mock("m").await;

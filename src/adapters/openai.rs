@@ -665,6 +665,46 @@ mod tests {
     }
 
     #[test]
+    fn needs_are_derived_from_the_body() {
+        let n = |s: &str| req(s).expect("valid").needs;
+        assert_eq!(n(r#"{"model":"m","messages":[]}"#), Needs::default());
+        assert!(n(r#"{"model":"m","stream":true}"#).stream);
+        assert!(n(r#"{"model":"m","tools":[{"type":"function"}]}"#).tools);
+        assert!(
+            !n(r#"{"model":"m","tools":[ ]}"#).tools,
+            "an empty list needs nothing"
+        );
+        assert!(n(r#"{"model":"m","functions":[{"name":"f"}]}"#).tools);
+        assert!(n(r#"{"model":"m","response_format":{"type":"json_object"}}"#).json_mode);
+        assert!(
+            n(r#"{"model":"m","response_format":{"type":"json_schema","json_schema":{}}}"#)
+                .json_mode
+        );
+        assert!(!n(r#"{"model":"m","response_format":{"type":"text"}}"#).json_mode);
+        let image = r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]}]}"#;
+        assert!(n(image).vision);
+        let mention =
+            r#"{"model":"m","messages":[{"role":"user","content":"an image_url is a field"}]}"#;
+        assert!(!n(mention).vision, "mentioning images is not sending one");
+    }
+
+    #[test]
+    fn complexity_tiers_follow_the_documented_heuristic() {
+        let c = |s: String| req(&s).expect("valid").complexity();
+        assert_eq!(
+            c(r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#.into()),
+            Complexity::Simple
+        );
+        let code = r#"{"model":"m","messages":[{"role":"user","content":"```x```"}]}"#;
+        assert_eq!(c(code.into()), Complexity::Medium);
+        let long = format!(
+            r#"{{"model":"m","tools":[{{"type":"function"}}],"messages":[{{"role":"user","content":"```x``` {}"}}]}}"#,
+            "w ".repeat(5000)
+        );
+        assert_eq!(c(long), Complexity::Complex);
+    }
+
+    #[test]
     fn reads_the_routing_fields() {
         let r =
             req(r#"{"model":"fast","stream":true,"messages":[{"role":"user","content":"hi"}]}"#)

@@ -460,3 +460,184 @@ fn resolve_error(e: ResolveError, model: &str) -> GatewayError {
 fn truncate(s: &str) -> String {
     s.chars().take(64).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::Fixture;
+    use bytes::Bytes;
+
+    const CONFIG: &str = r#"
+providers:
+  a: { kind: openai, base_url: "http://127.0.0.1:1/v1" }
+  b: { kind: openai, base_url: "http://127.0.0.1:2/v1" }
+models:
+  ma: { deployments: [{ provider: a, model: x }] }
+  mb: { deployments: [{ provider: b, model: y }] }
+aliases: { fast: ma }
+chains: { main: [ma], side: [mb] }
+active_chain: main
+policies:
+  pa: { select: [ { router: priority, targets: [ { model: ma } ] } ] }
+  pb:
+    select:
+      - { when: { metadata.tier: free }, router: priority, targets: [ { model: mb } ] }
+      - { router: weighted, targets: [ { model: ma, weight: 1 }, { model: mb, weight: 3 } ] }
+rules:
+  - { when: { params.stream: true }, then: auto:side }
+  - { when: { metadata.team: ads }, then: pb }
+"#;
+
+    /// (model in the body, extra body JSON, x-llm-route, metadata) → (route label, how).
+    type Case = (
+        &'static str,
+        &'static str,
+        Option<&'static str>,
+        &'static str,
+        &'static str,
+        &'static str,
+    );
+
+    #[test]
+    fn what_a_request_names_decides_in_order() {
+        let t = Fixture::new(CONFIG).tables();
+        let cases: &[Case] = &[
+            // model names only
+            ("ma", "", None, "", "model:ma", "model"),
+            ("FAST", "", None, "", "alias:fast", "model"),
+            ("pa", "", None, "", "policy:pa", "policy pa entry 0"),
+            // the header beats the model; routing.policy beats the header
+            ("ma", "", Some("pa"), "", "policy:pa", "policy pa entry 0"),
+            (
+                "ma",
+                r#","routing":{"policy":"pb"}"#,
+                Some("pa"),
+                "",
+                "policy:pb",
+                "policy pb entry 1",
+            ),
+            // rules only for exactly `auto`
+            ("auto", "", None, "", "chain:main", "model"),
+            (
+                "auto",
+                r#","stream":true"#,
+                None,
+                "",
+                "chain:side",
+                "rule 0",
+            ),
+            (
+                "auto:main",
+                r#","stream":true"#,
+                None,
+                "",
+                "chain:main",
+                "model",
+            ),
+            ("ma", r#","stream":true"#, None, "", "model:ma", "model"),
+            (
+                "auto",
+                "",
+                None,
+                r#"{"team":"ads"}"#,
+                "policy:pb",
+                "policy pb entry 1 rule 1",
+            ),
+            // a policy entry's condition
+            (
+                "pb",
+                "",
+                None,
+                r#"{"tier":"free"}"#,
+                "policy:pb",
+                "policy pb entry 0",
+            ),
+            // the header names a policy even for `auto`
+            (
+                "auto",
+                r#","stream":true"#,
+                Some("pa"),
+                "",
+                "policy:pa",
+                "policy pa entry 0",
+            ),
+        ];
+        for (model, extra, route, metadata, label, how) in cases {
+            let body = format!(r#"{{"model":"{model}","messages":[]{extra}}}"#);
+            let request = ChatRequest::parse(Bytes::from(body)).expect("a valid body");
+            let headers = SteeringHeaders {
+                route: route.map(str::to_string),
+                router_off: false,
+                metadata: if metadata.is_empty() {
+                    Metadata::default()
+                } else {
+                    Metadata::parse(metadata.as_bytes()).expect("metadata")
+                },
+            };
+            let routed = super::route(&t, &headers.steer(&request, 7)).expect("routed");
+            let got = match routed.via {
+                Via::Model => "model".to_string(),
+                Via::Rule(n) => format!("rule {n}"),
+                Via::Policy {
+                    policy,
+                    selection,
+                    rule,
+                } => format!(
+                    "policy {} entry {}{}",
+                    t.policy(policy).name,
+                    selection
+                        .entry
+                        .map_or("none".to_string(), |e| e.to_string()),
+                    rule.map_or(String::new(), |r| format!(" rule {r}"))
+                ),
+            };
+            assert_eq!(
+                (t.route(routed.route).label.as_ref(), got.as_str()),
+                (*label, *how),
+                "{model} {extra} {route:?} {metadata}"
+            );
+        }
+    }
+
+    #[test]
+    fn names_that_do_not_exist_are_refused() {
+        let t = Fixture::new(CONFIG).tables();
+        let request = ChatRequest::parse(Bytes::from_static(
+            br#"{"model":"ma","routing":{"policy":"nope"}}"#,
+        ))
+        .expect("valid");
+        let headers = SteeringHeaders::default();
+        assert_eq!(
+            super::route(&t, &headers.steer(&request, 1)).err(),
+            Some(DecideError::NoSuchPolicy { header: false })
+        );
+        let headers = SteeringHeaders {
+            route: Some("nope".into()),
+            ..SteeringHeaders::default()
+        };
+        let request = ChatRequest::parse(Bytes::from_static(br#"{"model":"ma"}"#)).expect("ok");
+        assert_eq!(
+            super::route(&t, &headers.steer(&request, 1)).err(),
+            Some(DecideError::NoSuchPolicy { header: true })
+        );
+    }
+
+    #[test]
+    fn metadata_must_be_a_small_flat_object() {
+        assert!(Metadata::parse(br#"{"a":"x","n":1.5,"b":true}"#).is_ok());
+        for bad in [
+            &br#"[1]"#[..],
+            br#"{"a":{"b":1}}"#,
+            br#"{"a":null}"#,
+            b"not json",
+        ] {
+            assert!(
+                Metadata::parse(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let big = format!(r#"{{"a":"{}"}}"#, "x".repeat(MAX_METADATA));
+        assert!(Metadata::parse(big.as_bytes()).is_err());
+    }
+}

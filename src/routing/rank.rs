@@ -45,15 +45,24 @@ impl Rankings {
             .iter()
             .map(|r| {
                 if r.candidates.len() <= 1 {
-                    r.candidates.clone()
-                } else {
-                    Arc::from(rank(
-                        &tables.catalog,
-                        health,
-                        &r.candidates,
-                        RankBy::nominal(r.strategy, tables.routing.custom_weights, now_ms),
-                    ))
+                    return r.candidates.clone();
                 }
+                // Each segment on its own: a policy's targets keep their order.
+                let mut order = Vec::with_capacity(r.candidates.len());
+                for s in r.segments.iter() {
+                    let part = &r.candidates[s.range.clone()];
+                    if part.len() <= 1 {
+                        order.extend_from_slice(part);
+                    } else {
+                        order.extend(rank(
+                            &tables.catalog,
+                            health,
+                            part,
+                            RankBy::nominal(s.strategy, tables.routing.custom_weights, now_ms),
+                        ));
+                    }
+                }
+                Arc::from(order)
             })
             .collect();
         let next_change_ms = tables

@@ -207,6 +207,102 @@ fn bench_lead_picks(c: &mut Criterion) {
     g.finish();
 }
 
+/// Deciding and planning one request the way the proxy does (`decide::route`, then
+/// `decide::plan` and the first target), for 10 models of 10 deployments: a model named
+/// directly (what every request did before policies and rules), `auto` past 20 rules of which
+/// only the last holds, and a 3-entry policy whose third entry (weighted) holds.
+fn bench_decide(c: &mut Criterion) {
+    use signalbox::adapters::openai::ChatRequest;
+    use signalbox::routing::decide::{self, Metadata, SteeringHeaders};
+
+    let mut text = String::from("providers:\n");
+    for p in 0..10 {
+        let _ = writeln!(
+            text,
+            "  p{p}: {{ kind: openai, base_url: \"http://127.0.0.1:{}/v1\" }}",
+            20000 + p
+        );
+    }
+    text.push_str("models:\n");
+    for m in 0..10 {
+        let _ = writeln!(text, "  m{m}:\n    deployments:");
+        for d in 0..10 {
+            let _ = writeln!(
+                text,
+                "      - {{ provider: p{d}, model: up-{m}-{d}, priority: {}, price: {{ input_per_mtok: {}, output_per_mtok: 1 }} }}",
+                d % 3,
+                1 + (m + d) % 5
+            );
+        }
+    }
+    text.push_str(
+        "chains: { main: [m0, m1] }\nactive_chain: main\npolicies:\n  three:\n    select:\n",
+    );
+    text.push_str(
+        "      - { when: { metadata.tier: gold }, router: priority, targets: [ { model: m1 } ] }\n",
+    );
+    text.push_str("      - { when: { $and: [ { params.stream: true }, { metadata.team: { $in: [a, b, c] } } ] }, router: priority, targets: [ { model: m2 } ] }\n");
+    text.push_str("      - { router: weighted, targets: [ { model: m3, weight: 7 }, { model: m4, weight: 3 } ] }\n");
+    text.push_str("    on_failure: [ m5, m6 ]\nrules:\n");
+    for r in 0..19 {
+        let _ = writeln!(
+            text,
+            "  - {{ when: {{ $or: [ {{ metadata.team: t{r} }}, {{ params.max_tokens: {{ $gt: {} }} }} ] }}, then: three }}",
+            100_000 + r
+        );
+    }
+    text.push_str("  - { when: { metadata.team: { $regex: \"^sea.ch$\" } }, then: auto:main }\n");
+    let router = Fixture::new(&text).router();
+    let headers = SteeringHeaders {
+        route: None,
+        router_off: false,
+        metadata: Metadata::parse(br#"{"team":"search","tier":"free"}"#).expect("metadata"),
+    };
+    let body = |model: &str| {
+        ChatRequest::parse(bytes::Bytes::from(format!(
+            r#"{{"model":"{model}","max_tokens":64,"messages":[{{"role":"user","content":"hello there"}}]}}"#
+        )))
+        .expect("body")
+    };
+    let mut g = c.benchmark_group("decide_and_plan");
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    for (name, request) in [
+        ("model_named_directly", body("m0")),
+        ("auto_past_20_rules", body("auto")),
+        ("policy_3_entries", body("three")),
+    ] {
+        let mut seed = 1u64;
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let tables = router.tables.load();
+                let steering = headers.steer(&request, seed);
+                let routed = decide::route(&tables, &steering).expect("routed");
+                let env = PlanEnv {
+                    catalog: &tables.catalog,
+                    health: &tables.health,
+                    now_ms: router.health.now_ms(),
+                    degraded: false,
+                };
+                let facts = RequestFacts {
+                    input_tokens: request.prompt_tokens(),
+                    output_tokens: 64,
+                    seed,
+                    needs: request.needs,
+                    ..RequestFacts::default()
+                };
+                let mut plan = decide::plan(&tables, &router.rankings.load(), &env, &routed, facts);
+                black_box(
+                    plan.next(&env, Advance::NextDeployment)
+                        .map(|c| c.target.position),
+                )
+            });
+        });
+    }
+    g.finish();
+}
+
 fn bench_ranker(c: &mut Criterion) {
     let mut g = c.benchmark_group("rank_pass");
     g.measurement_time(Duration::from_secs(3))
@@ -308,6 +404,7 @@ fn bench_contention(c: &mut Criterion) {
 criterion_group!(
     benches,
     bench_selection,
+    bench_decide,
     bench_lead_picks,
     bench_ranker,
     bench_contention

@@ -11,16 +11,17 @@
 //! them, and `server` the only module that sees every other.
 //!
 //! - [`config`]: the file format (`schema`), its checked types, per-section validation, value
-//!   parsers and the one table of defaults.
+//!   parsers, the one table of defaults, and the condition language of rules and policies.
 //! - [`catalog`]: providers, credentials, models and deployments, ready for the request path,
 //!   with the stable identities that survive a rebuild.
 //! - [`retry`]: the failure vocabulary — how an attempt ended, where the plan looks next,
 //!   what is retryable, what the caller is told.
 //! - [`health`]: per-target, per-credential and per-deployment records (breakers, cooldowns,
 //!   benching, EWMAs), carried across catalog rebuilds by identity; active probes.
-//! - [`routing`]: deciding, purely — model resolution, the routing snapshot, strategies
-//!   (`scoring`), per-request lead picks (`lead`), the plan walk (`plan`), the background
-//!   ranker, and `explain`, which runs the same walk.
+//! - [`routing`]: deciding, purely — model resolution, the routing snapshot, policies and
+//!   rules compiled into routes (`policy`), the precedence of what a request names and its
+//!   plan (`decide`), strategies (`scoring`), per-request lead picks (`lead`), the plan walk
+//!   (`plan`), the background ranker, and `explain`, which runs the same decision and walk.
 //! - [`adapters`]: provider dialects as byte transforms (the JSON scanner, the OpenAI
 //!   dialect).
 //! - [`proxy`]: doing — the `ProxyHttp` implementation, one room per concern: intake,

@@ -264,12 +264,18 @@ pub struct FailureLog {
     failures: u16,
     /// The smallest upstream `Retry-After` seen on a 429, in seconds.
     pub retry_after: Option<u64>,
+    /// A provider refused the prompt as longer than its context window.
+    context_exceeded: bool,
 }
 
 impl FailureLog {
     pub fn record(&mut self, outcome: Outcome) {
         self.counts[outcome.index()] = self.counts[outcome.index()].saturating_add(1);
         self.failures = self.failures.saturating_add(1);
+    }
+
+    pub fn note_context_exceeded(&mut self) {
+        self.context_exceeded = true;
     }
 
     pub fn note_retry_after(&mut self, secs: u64) {
@@ -328,6 +334,14 @@ impl FailureLog {
             return GatewayError::new(
                 ErrorCode::UpstreamModelNotFound,
                 format!("no provider recognised the model it was sent ({n} {attempts})"),
+            );
+        }
+        if self.all(&[Outcome::ClientError]) && self.context_exceeded {
+            return GatewayError::new(
+                ErrorCode::ContextLengthExceeded,
+                format!(
+                    "the prompt is longer than every candidate's context window ({n} {attempts})"
+                ),
             );
         }
         if self.all(&[Outcome::ClientError]) {

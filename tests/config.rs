@@ -144,6 +144,32 @@ fn explain_prints_the_plan() {
     );
 }
 
+/// The README's policy and rule examples load, with the example config's models.
+#[test]
+fn the_readme_policy_examples_are_valid() {
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    let section = readme.split("## Policies and rules").nth(1).unwrap();
+    let yaml = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .unwrap();
+    let conf = std::fs::read_to_string("conf/signalbox.yaml").unwrap();
+    let start = conf.find("\npolicies:").unwrap();
+    let end = conf.find("\n# Bounds on one request").unwrap();
+    let text = format!("{}\n{yaml}{}", &conf[..start], &conf[end..]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("readme.yaml");
+    std::fs::write(&path, text).unwrap();
+    let out = signalbox(&["-t", "-c", path.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn explain_takes_headers_and_a_body() {
     let dir = tempfile::tempdir().unwrap();

@@ -227,6 +227,41 @@ async fn policy_limits_and_client_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_context_length_refusal_moves_to_a_larger_context_window() {
+    let m = mocks().await;
+    m[0].set_default(signalbox_mock::Behaviour::Status {
+        code: 400,
+        retry_after: None,
+        body: Some(
+            r#"{"error":{"message":"This model's maximum context length is 100 tokens","code":"context_length_exceeded"}}"#
+                .into(),
+        ),
+    });
+    let text = four(
+        &m,
+        "",
+        "policies:\n  long:\n    select: [ { router: priority, targets: [ { model: ma }, { model: mb }, { model: mc } ] } ]\n    failover_on_client_error: true\n",
+    )
+    .replace("capability: 1,", "capability: 1, context_window: 100,")
+    .replace("capability: 2,", "capability: 2, context_window: 50,")
+    .replace("capability: 3,", "capability: 3, context_window: 1000,");
+    let gw = Gateway::start(text);
+    let r = post_chat(&gw, &chat("long")).await;
+    assert_eq!(r.status(), 200, "{}", gw.stderr());
+    assert_eq!(
+        header(&r, "x-llm-provider"),
+        "c",
+        "b's window is not larger than a's"
+    );
+    assert_eq!(header(&r, "x-llm-attempts"), "2");
+    assert_eq!((m[0].calls(), m[1].calls(), m[2].calls()), (1, 0, 1));
+    // No larger window left: the caller hears it was the prompt.
+    m[2].set_default(m[0].requests()[0].behaviour.clone());
+    let r = post_chat(&gw, &chat("long")).await;
+    expect_error(r, 400, "context_length_exceeded").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn what_a_request_names_has_a_precedence() {
     let m = mocks().await;
     let gw = Gateway::start(four(

@@ -417,6 +417,14 @@ pub fn sse_error_event(message: &str, code: &str) -> Bytes {
 }
 
 impl ResponseRewriter {
+    /// The refused body read so far (`Replace` only): what classifies the refusal.
+    pub fn refused_body(&self) -> Option<&[u8]> {
+        match self {
+            ResponseRewriter::Replace { sniff, .. } => Some(sniff),
+            _ => None,
+        }
+    }
+
     /// Whether the relayed body's length is not known when the header goes out, so the
     /// response must be re-framed (chunked) instead of keeping a `Content-Length`.
     pub fn changes_length(&self) -> bool {
@@ -532,11 +540,15 @@ impl ResponseRewriter {
     }
 }
 
+/// Whether a provider's refusal says the prompt is longer than the model's context window.
+pub fn is_context_length_error(upstream_body: &[u8]) -> bool {
+    contains(upstream_body, b"context_length_exceeded")
+        || contains(upstream_body, b"maximum context length")
+}
+
 /// The body for an upstream 4xx relayed to the caller.
 pub fn refusal_body(status: u16, upstream_body: &[u8]) -> Bytes {
-    let context = contains(upstream_body, b"context_length_exceeded")
-        || contains(upstream_body, b"maximum context length");
-    let (code, message) = if context {
+    let (code, message) = if is_context_length_error(upstream_body) {
         (
             "context_length_exceeded",
             "the prompt is longer than the model's context window",

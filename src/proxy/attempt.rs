@@ -16,6 +16,7 @@ use pingora_http::RequestHeader;
 
 use super::ctx::{Attempt, RequestCtx};
 use super::respond;
+use crate::adapters::openai::ResponseRewriter;
 use crate::health::TargetRef;
 
 /// Headers a client may use to authenticate to signalbox; never forwarded upstream.
@@ -90,6 +91,9 @@ pub fn begin(ctx: &mut RequestCtx) -> pingora_error::Result<Box<HttpPeer>> {
     ctx.guard = Some(tables.health.begin(health_ref, target.probe));
     ctx.status_outcome = None;
     ctx.retry_after = None;
+    // What an earlier attempt's response set up does not carry over.
+    ctx.rewriter = ResponseRewriter::Passthrough;
+    ctx.client_error_pending = false;
     Ok(Box::new(peer))
 }
 

@@ -59,6 +59,10 @@ pub struct RequestCtx {
     pub max_attempts: u32,
     /// A provider's 400 moves on to the next candidate (the policy says so).
     pub failover_on_client_error: bool,
+    /// The current attempt's refusal is being read to decide whether it fails over.
+    pub client_error_pending: bool,
+    /// After a context-length refusal: the next candidate's context window must exceed this.
+    pub context_floor: Option<u64>,
     pub request: Option<ChatRequest>,
     pub plan: Option<Plan>,
     /// The target the next `upstream_peer` call connects to.
@@ -110,6 +114,8 @@ impl RequestCtx {
             routed: None,
             max_attempts: u32::MAX,
             failover_on_client_error: false,
+            client_error_pending: false,
+            context_floor: None,
             request: None,
             plan: None,
             pending: None,

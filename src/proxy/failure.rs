@@ -65,6 +65,9 @@ fn after_failure(ctx: &mut RequestCtx, outcome: Outcome, advance: Advance) -> bo
         }
     }
     ctx.transient_retries = 0;
+    if let Some(floor) = ctx.context_floor.take() {
+        plan.require_context_above(floor);
+    }
     let env = planning::plan_env(&router, &tables);
     ctx.pending = planning::next_target(plan, &env, advance);
     ctx.pending.is_some()

@@ -131,7 +131,7 @@ impl ProxyHttp for Gateway {
 
     fn response_body_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         body: &mut Option<Bytes>,
         end_of_stream: bool,
         ctx: &mut Self::CTX,
@@ -139,7 +139,10 @@ impl ProxyHttp for Gateway {
     where
         Self::CTX: Send + Sync,
     {
-        response::on_body(ctx, body, end_of_stream);
+        let header_written = session
+            .response_written()
+            .is_some_and(|r| !r.status.is_informational());
+        response::on_body(ctx, body, end_of_stream, header_written)?;
         Ok(None)
     }
 

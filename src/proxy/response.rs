@@ -12,7 +12,9 @@ use pingora_http::ResponseHeader;
 
 use super::ctx::RequestCtx;
 use super::{planning, respond};
-use crate::adapters::openai::{fixed_json_length, sse_error_event, ChatRequest, ResponseRewriter};
+use crate::adapters::openai::{
+    fixed_json_length, is_context_length_error, sse_error_event, ChatRequest, ResponseRewriter,
+};
 use crate::retry::{self, Advance, Outcome, StatusVerdict};
 
 /// Response headers of the provider that describe its account, not the answer.
@@ -37,21 +39,17 @@ pub fn on_upstream_header(
     if let Some(a) = ctx.current.as_mut() {
         a.header_at = Some(Instant::now());
     }
-    let verdict = match retry::classify_status(status) {
-        // The policy moves a caller error on to the next candidate instead of relaying it.
-        StatusVerdict::Relay if ctx.failover_on_client_error => StatusVerdict::Failover {
-            outcome: Outcome::ClientError,
-            advance: Advance::NextDeployment,
-        },
-        v => v,
-    };
-    match verdict {
+    match retry::classify_status(status) {
         StatusVerdict::Success => {
             choose_rewriter(ctx, upstream_response);
             ctx.served = ctx.current;
             Ok(())
         }
         StatusVerdict::Relay => {
+            // Under a policy that fails over on client errors, the refusal is read first (a
+            // context-length error moves to a larger context window only): the decision is
+            // made on the body, before the header goes out.
+            ctx.client_error_pending = ctx.failover_on_client_error;
             ctx.rewriter = ResponseRewriter::Replace {
                 status,
                 sniff: BytesMut::new(),
@@ -151,16 +149,48 @@ pub fn on_header(ctx: &mut RequestCtx, response: &mut ResponseHeader) {
     }
     respond::add_routing_headers(response, ctx, Instant::now(), &DROPPED_RESPONSE_HEADERS);
     ctx.status = Some(response.status.as_u16());
-    ctx.committed = true;
+    // A refusal that may still fail over is committed only once its header is written.
+    ctx.committed = !ctx.client_error_pending;
     if response.status.is_success() {
         planning::bind_session(ctx);
     }
 }
 
 /// `response_body_filter`: the rewrite, stream accounting, and an error event for a stream
-/// the upstream ended without its terminator.
-pub fn on_body(ctx: &mut RequestCtx, body: &mut Option<Bytes>, end_of_stream: bool) {
+/// the upstream ended without its terminator. A provider's refusal under a policy that fails
+/// over on client errors returns `Err` instead (the next candidate is tried) when its header
+/// has not been written yet (`header_written`: it went out in an earlier write, and then the
+/// refusal is relayed).
+pub fn on_body(
+    ctx: &mut RequestCtx,
+    body: &mut Option<Bytes>,
+    end_of_stream: bool,
+    header_written: bool,
+) -> pingora_error::Result<()> {
     ctx.rewriter.filter(body, end_of_stream, &mut ctx.stream);
+    if ctx.client_error_pending && end_of_stream {
+        ctx.client_error_pending = false;
+        if header_written {
+            ctx.committed = true;
+        } else {
+            let context = ctx
+                .rewriter
+                .refused_body()
+                .is_some_and(is_context_length_error);
+            if context {
+                ctx.context_floor = Some(context_floor(ctx));
+                ctx.failures.note_context_exceeded();
+            }
+            ctx.served = None;
+            ctx.status = None;
+            ctx.status_outcome = Some((Outcome::ClientError, Advance::NextDeployment));
+            return Err(Error::explain(
+                ErrorType::HTTPStatus(400),
+                "a caller error the policy fails over",
+            )
+            .into_up());
+        }
+    }
     if end_of_stream && ctx.is_sse && !ctx.stream.done && !ctx.stream.upstream_error_event {
         // Say so in-band rather than let a truncated answer look complete.
         let (msg, code) = if ctx.stream.data_events == 0 {
@@ -182,6 +212,21 @@ pub fn on_body(ctx: &mut RequestCtx, body: &mut Option<Bytes>, end_of_stream: bo
         *body = Some(out.freeze());
         ctx.stream_broken = true;
     }
+    Ok(())
+}
+
+/// The context window the next candidate must exceed after a context-length refusal: the
+/// refusing model's, or (when it declares none) the request's own estimate.
+fn context_floor(ctx: &RequestCtx) -> u64 {
+    let window = ctx.current.and_then(|a| {
+        let (tables, plan) = (ctx.tables.as_ref()?, ctx.plan.as_ref()?);
+        let d = plan.deployment(&tables.catalog, a.target.position)?;
+        tables.catalog.model(d.model?).context_window
+    });
+    window.map_or_else(
+        || ctx.request.as_ref().map_or(0, ChatRequest::prompt_tokens),
+        u64::from,
+    )
 }
 
 fn starts_with_ignore_case(hay: &[u8], prefix: &[u8]) -> bool {

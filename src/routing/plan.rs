@@ -204,6 +204,8 @@ pub struct Plan {
     /// How many leading candidates a lead pick may choose among (a policy's selected model,
     /// not its fallbacks).
     lead_span: usize,
+    /// After a context-length refusal: only models declaring a larger context window.
+    min_context: Option<u64>,
     lead: Option<usize>,
     phase: Phase,
     cursor: usize,
@@ -240,6 +242,7 @@ impl Plan {
             facts,
             allowed: None,
             lead_span: usize::MAX,
+            min_context: None,
             lead: None,
             phase: Phase::Lead,
             cursor: 0,
@@ -259,6 +262,12 @@ impl Plan {
     /// Restrict the plan to these providers (the request's `routing.providers`).
     pub fn restrict_to(&mut self, providers: Vec<ProviderIdx>) {
         self.allowed = Some(providers);
+    }
+
+    /// From now on, only candidates whose model declares a context window above `tokens` (a
+    /// provider refused the prompt as too long for its own).
+    pub fn require_context_above(&mut self, tokens: u64) {
+        self.min_context = Some(self.min_context.map_or(tokens, |m| m.max(tokens)));
     }
 
     /// Let a lead pick choose only among the first `n` candidates.
@@ -486,6 +495,11 @@ impl Plan {
                 .is_some_and(|w| self.facts.input_tokens > u64::from(w))
             {
                 return Err(SkipReason::ContextWindow);
+            }
+            if let Some(floor) = self.min_context {
+                if model.context_window.is_none_or(|w| u64::from(w) <= floor) {
+                    return Err(SkipReason::ContextWindow);
+                }
             }
         }
         Ok(())

@@ -342,6 +342,17 @@ async fn rules_steer_auto_and_never_an_explicit_model() {
         ("d", "rule:1")
     );
     assert!(header(&r, "x-llm-routing-reason").contains(" policy=team entry=0 rule=1"));
+    let v = explain(
+        &gw,
+        &chat("auto"),
+        &[("x-llm-metadata", r#"{"team":"ads"}"#)],
+    )
+    .await;
+    assert_eq!(
+        v["rules"],
+        serde_json::json!([{"rule": 0, "held": false}, {"rule": 1, "held": true}]),
+        "{v:#}"
+    );
     let r = post_with(
         &gw,
         &chat("auto"),

@@ -260,3 +260,29 @@ async fn a_length_framed_answer_keeps_its_framing_with_a_short_echo() {
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["model"], "fast");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn routing_providers_order_breaks_priority_ties() {
+    let a = mock("a").await;
+    let b = mock("b").await;
+    // Equal priorities: the configured order puts a first.
+    let gw =
+        Gateway::start(two(&a, &b, "strategy: priority").replace("priority: 2", "priority: 1"));
+    let mut body = chat("m");
+    body["routing"] = serde_json::json!({"strategy": "priority", "providers": ["b", "a"]});
+    let r = post_chat(&gw, &body).await;
+    assert_eq!(
+        header(&r, "x-llm-provider"),
+        "b",
+        "the caller's order breaks the tie"
+    );
+    body["routing"] = serde_json::json!({"strategy": "priority", "providers": ["a", "b"]});
+    let r = post_chat(&gw, &body).await;
+    assert_eq!(header(&r, "x-llm-provider"), "a");
+    // Only these providers, and at most ten of them.
+    body["routing"] = serde_json::json!({"providers": ["b"]});
+    assert_eq!(header(&post_chat(&gw, &body).await, "x-llm-provider"), "b");
+    let eleven: Vec<String> = (0..11).map(|i| format!("p{i}")).collect();
+    body["routing"] = serde_json::json!({ "providers": eleven });
+    expect_error(post_chat(&gw, &body).await, 400, "invalid_request").await;
+}

@@ -318,7 +318,10 @@ fn is_json_format(v: &[u8]) -> bool {
 /// Whether `messages` holds an image part (`{"type": "image_url"}` and the like). A cheap
 /// search first; only a prompt that mentions one is parsed to be sure.
 fn has_image_part(messages: &[u8]) -> bool {
-    if memchr::memmem::find(messages, b"image").is_none() {
+    // Built once: `memmem::find` would set up its searcher on every request.
+    static IMAGE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"image"));
+    if IMAGE.find(messages).is_none() {
         return false;
     }
     let Ok(serde_json::Value::Array(list)) = serde_json::from_slice(messages) else {

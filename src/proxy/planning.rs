@@ -60,8 +60,13 @@ pub fn plan_request(
     request: ChatRequest,
 ) -> Result<(), GatewayError> {
     let headers = &session.req_header().headers;
-    let steering_headers = SteeringHeaders::read(|name| headers.get(name).map(|v| v.as_bytes()))
-        .map_err(|why| GatewayError::new(ErrorCode::InvalidRequest, why))?;
+    let value = |name: &http::HeaderName| headers.get(name).map(http::HeaderValue::as_bytes);
+    let steering_headers = SteeringHeaders::read(
+        value(&respond::names::X_LLM_ROUTE),
+        value(&respond::names::X_LLM_ROUTER),
+        value(&respond::names::X_LLM_METADATA),
+    )
+    .map_err(|why| GatewayError::new(ErrorCode::InvalidRequest, why))?;
     let seed = stable_hash(ctx.request_id.as_bytes());
     let steering = steering_headers.steer(&request, seed);
     let routed = decide::route(tables, &steering).map_err(|e| e.answer(&request))?;

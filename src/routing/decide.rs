@@ -95,14 +95,18 @@ pub struct SteeringHeaders {
 }
 
 impl SteeringHeaders {
-    /// Read them through `get` (a header's value by lower-case name). `Err` says what is
-    /// wrong, in signalbox's words.
-    pub fn read<'a>(get: impl Fn(&str) -> Option<&'a [u8]>) -> Result<Self, &'static str> {
-        let metadata = match get("x-llm-metadata") {
+    /// Read them from the three headers' values (`x-llm-route`, `x-llm-router`,
+    /// `x-llm-metadata`). `Err` says what is wrong, in signalbox's words.
+    pub fn read(
+        route: Option<&[u8]>,
+        router: Option<&[u8]>,
+        metadata: Option<&[u8]>,
+    ) -> Result<Self, &'static str> {
+        let metadata = match metadata {
             None => Metadata::default(),
             Some(v) => Metadata::parse(v)?,
         };
-        let route = match get("x-llm-route") {
+        let route = match route {
             None => None,
             Some(v) => Some(
                 std::str::from_utf8(v)
@@ -111,7 +115,7 @@ impl SteeringHeaders {
                     .to_string(),
             ),
         };
-        let router_off = get("x-llm-router").is_some_and(|v| v.eq_ignore_ascii_case(b"off"));
+        let router_off = router.is_some_and(|v| v.eq_ignore_ascii_case(b"off"));
         Ok(Self {
             route,
             router_off,
@@ -279,6 +283,21 @@ pub fn route(tables: &Tables, steering: &Steering<'_>) -> Result<Routed, DecideE
         smart_fallback,
         providers,
     })
+}
+
+/// Whether each rule holds for this request (explain shows the rules a request for `auto` was
+/// checked against; the request path stops at the first that holds).
+pub fn rules_holding(tables: &Tables, steering: &Steering<'_>) -> Vec<bool> {
+    let model = steering.request.model_name();
+    let facts = RequestFactsView {
+        steering,
+        model: &model,
+    };
+    tables
+        .rules
+        .iter()
+        .map(|r| r.when.matches(&facts))
+        .collect()
 }
 
 enum Target {

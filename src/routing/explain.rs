@@ -34,7 +34,11 @@ pub fn explain<'a>(
         Ok(r) => r,
         Err(e) => return error(&GatewayError::new(ErrorCode::InvalidRequest, e.message())),
     };
-    let headers = match SteeringHeaders::read(header) {
+    let headers = match SteeringHeaders::read(
+        header("x-llm-route"),
+        header("x-llm-router"),
+        header("x-llm-metadata"),
+    ) {
         Ok(h) => h,
         Err(why) => return error(&GatewayError::new(ErrorCode::InvalidRequest, why)),
     };
@@ -76,9 +80,20 @@ pub fn explain<'a>(
     let candidates: Vec<Value> = (0..plan.len())
         .map(|pos| candidate(&tables, &plan, pos, &order))
         .collect();
+    // For `auto`, every rule and whether it held (the first that held decided).
+    let rules: Vec<Value> = if request.model_name().eq_ignore_ascii_case("auto") {
+        decide::rules_holding(&tables, &steering)
+            .into_iter()
+            .enumerate()
+            .map(|(n, held)| json!({ "rule": n, "held": held }))
+            .collect()
+    } else {
+        Vec::new()
+    };
     json!({
         "model": &*request.model_name(),
         "route": route_header(&tables, &routed),
+        "rules": rules,
         "via": via(&tables, &routed, &request),
         "strategy": routed.strategy.as_str(),
         "smart_fallback": routed.smart_fallback,

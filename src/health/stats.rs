@@ -164,16 +164,20 @@ impl MinuteCounter {
             .fetch_add(1, Ordering::Relaxed);
     }
 
-    /// When the oldest request counted in the window leaves it (the window has room again).
-    pub fn frees_at(&self, now_ms: u64) -> u64 {
+    /// The buckets of the last 60 seconds.
+    fn window(&self, now_ms: u64) -> impl Iterator<Item = &Bucket> {
         let sec = now_ms / 1000;
         let oldest = sec.saturating_sub(59);
-        self.seconds
-            .iter()
-            .filter(|b| {
-                let e = b.epoch.load(Ordering::Relaxed);
-                e >= oldest && e <= sec && b.ok.load(Ordering::Relaxed) > 0
-            })
+        self.seconds.iter().filter(move |b| {
+            let e = b.epoch.load(Ordering::Relaxed);
+            e >= oldest && e <= sec
+        })
+    }
+
+    /// When the oldest request counted in the window leaves it (the window has room again).
+    pub fn frees_at(&self, now_ms: u64) -> u64 {
+        self.window(now_ms)
+            .filter(|b| b.ok.load(Ordering::Relaxed) > 0)
             .map(|b| b.epoch.load(Ordering::Relaxed))
             .min()
             .map_or(now_ms, |s| (s + 60) * 1000)
@@ -181,14 +185,7 @@ impl MinuteCounter {
 
     /// Requests in the last 60 seconds.
     pub fn last_minute(&self, now_ms: u64) -> u32 {
-        let sec = now_ms / 1000;
-        let oldest = sec.saturating_sub(59);
-        self.seconds
-            .iter()
-            .filter(|b| {
-                let e = b.epoch.load(Ordering::Relaxed);
-                e >= oldest && e <= sec
-            })
+        self.window(now_ms)
             .map(|b| b.ok.load(Ordering::Relaxed))
             .sum()
     }
@@ -197,6 +194,20 @@ impl MinuteCounter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_minute_window_counts_and_says_when_it_frees() {
+        let m = MinuteCounter::default();
+        m.add(10_500);
+        m.add(10_900);
+        m.add(30_000);
+        assert_eq!(m.last_minute(30_000), 3);
+        // The oldest second (10) leaves the window at 70 s.
+        assert_eq!(m.frees_at(30_000), 70_000);
+        assert_eq!(m.last_minute(70_000), 1);
+        assert_eq!(m.frees_at(70_000), 90_000);
+        assert_eq!(m.last_minute(91_000), 0);
+    }
 
     #[test]
     fn ewma_starts_unknown_then_tracks() {

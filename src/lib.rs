@@ -30,6 +30,8 @@
 //!   listener.
 //! - [`dns`]: background re-resolution of provider hosts; [`periodic`]: the loop background
 //!   passes share.
+//! - [`reload`]: a new config validated, built into a snapshot (health carried over) and
+//!   swapped in, or refused with nothing changed; admin writes are written back to the file.
 //! - [`server`]: the shared gateway state and the Pingora server assembled from a config.
 //!
 //! The request lifecycle, hook by hook, is the table in [`proxy`]. The mock provider the
@@ -45,6 +47,7 @@ pub mod health;
 pub mod metrics;
 pub mod periodic;
 pub mod proxy;
+pub mod reload;
 pub mod retry;
 pub mod routing;
 pub mod secret;

@@ -61,17 +61,22 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     signalbox::telemetry::init();
 
-    let config = match signalbox::config::load(&cli.conf) {
-        Ok(c) => c,
-        Err(errors) => {
+    let loaded = match signalbox::reload::load(&cli.conf) {
+        Ok(l) => l,
+        Err(signalbox::reload::ReloadError::Invalid(errors)) => {
             eprintln!("signalbox: {} is invalid:", cli.conf.display());
             for e in &errors.0 {
                 eprintln!("  {e}");
             }
             return ExitCode::from(2);
         }
+        Err(e) => {
+            eprintln!("signalbox: {}", e.summary());
+            return ExitCode::from(2);
+        }
     };
-    let (state, warnings) = match signalbox::server::build_state(&config) {
+    let config = &loaded.config;
+    let (state, warnings) = match signalbox::server::build_state(config) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("signalbox: {e}");
@@ -111,7 +116,15 @@ fn main() -> ExitCode {
         models = config.models.len(),
         "signalbox starting"
     );
-    let server = signalbox::server::build_server(&config, state, cli.upgrade, cli.daemon);
+    let reloader = std::sync::Arc::new(signalbox::reload::Reloader::new(
+        &cli.conf,
+        loaded,
+        state.router.clone(),
+        state.metrics.clone(),
+    ));
+    let config = &reloader.current().config;
+    let server =
+        signalbox::server::build_server(config, state, reloader.clone(), cli.upgrade, cli.daemon);
     server.run_forever()
 }
 

@@ -21,6 +21,7 @@ use crate::health::{HealthRegistry, HealthShared};
 use crate::metrics::health::HealthCollector;
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
+use crate::reload::Reloader;
 use crate::routing::rank::RankerService;
 use crate::routing::{Router, Tables};
 
@@ -127,6 +128,7 @@ pub fn server_conf(config: &Config) -> ServerConf {
 pub fn build_server(
     config: &Config,
     state: Arc<GatewayState>,
+    reloader: Arc<Reloader>,
     upgrade: bool,
     daemon: bool,
 ) -> Server {
@@ -153,7 +155,7 @@ pub fn build_server(
 
     let mut admin = Service::new(
         "signalbox admin".to_string(),
-        AdminApp::new(state.router.clone(), state.metrics.clone()),
+        AdminApp::new(reloader.clone(), state.metrics.clone()),
     );
     admin.add_tcp(&config.listen.admin);
 
@@ -184,5 +186,35 @@ pub fn build_server(
     server.add_service(dns);
     server.add_service(ranker);
     server.add_service(probes);
+    server.add_service(background_service(
+        "signalbox reload on SIGHUP",
+        ReloadOnHangup { reloader },
+    ));
     server
+}
+
+/// `SIGHUP`: re-read the config file and apply it (health kept), as `POST /admin/reload` does.
+struct ReloadOnHangup {
+    reloader: Arc<Reloader>,
+}
+
+#[async_trait::async_trait]
+impl pingora_core::services::background::BackgroundService for ReloadOnHangup {
+    async fn start(&self, mut shutdown: pingora_core::server::ShutdownWatch) {
+        let Ok(mut hangup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        else {
+            tracing::warn!("cannot listen for SIGHUP: reload with POST /admin/reload");
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                Some(()) = hangup.recv() => {
+                    let reloader = self.reloader.clone();
+                    // Outcomes are logged and counted by the reloader itself.
+                    let _ = tokio::task::spawn_blocking(move || reloader.reload_file()).await;
+                }
+            }
+        }
+    }
 }

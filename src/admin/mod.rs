@@ -1,33 +1,53 @@
-//! The admin listener (loopback by default): `/metrics` in Prometheus text, `/healthz` for
-//! liveness, `/admin/health` for the health of every target and `POST /admin/explain` for why
-//! a request would go where it goes. Separate from the proxy
-//! listener, so scraping never competes with traffic and is never exposed where the proxy
-//! port is.
+//! The admin listener (loopback by default), separate from the proxy listener so scraping and
+//! operating never compete with traffic and are never exposed where the proxy port is.
+//!
+//! | endpoint | token | does |
+//! |---|---|---|
+//! | `GET /metrics`, `GET /healthz`, `GET /admin/ready` | none | Prometheus text; liveness; readiness |
+//! | `GET /admin/health` | read | every target, credential, degraded mode |
+//! | `POST /admin/explain` | read | why a request would go where it goes |
+//! | `GET /admin/config` · `PUT /admin/config` · `POST /admin/reload` | read · write · write | the running config · replace it · re-read the file |
+//! | `GET`/`PUT /admin/policies/{name}`, `/admin/rules`, `/admin/chains/{name}` | read/write | one section |
+//! | `POST /admin/chains/{name}/sort/{smartest,fastest,budget}` | write | reorder a chain |
+//! | `GET /admin/usage`, `POST /admin/keys`, `DELETE /admin/keys/{id}` | — | not built yet (client keys) |
+//!
+//! Tokens (`admin.token_env`, `admin.read_token_env`) come as `Authorization: Bearer`, compared
+//! in constant time over digests. With a token configured, a request without a valid one gets
+//! 401; the read token on a write gets 403. With no token configured, reads are served and
+//! writes refused (403). Writes go through [`crate::reload::Reloader`]: validated whole, written
+//! back to the config file, applied, or refused with every error and its key path.
 
+// An admin refusal is a whole response, returned by value: admin requests are rare and off
+// the request path, so the size of the `Err` variant does not matter here.
+#![allow(clippy::result_large_err)]
+
+pub mod config;
 pub mod health;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use http::Response;
+use bytes::{Bytes, BytesMut};
+use http::{Method, Response};
 use pingora_core::apps::http_app::ServeHttp;
 use pingora_core::protocols::http::ServerSession;
 
 use crate::metrics::Metrics;
-use crate::routing::Router;
+use crate::reload::{Grant, Reloader};
 
 pub struct AdminApp {
-    router: Arc<Router>,
+    reloader: Arc<Reloader>,
     metrics: Arc<Metrics>,
 }
 
 impl AdminApp {
-    pub fn new(router: Arc<Router>, metrics: Arc<Metrics>) -> Self {
-        Self { router, metrics }
+    pub fn new(reloader: Arc<Reloader>, metrics: Arc<Metrics>) -> Self {
+        Self { reloader, metrics }
     }
 }
 
-fn response(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
+/// A response with a body and its content type.
+pub(crate) fn response(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
     let mut r = Response::new(body);
     *r.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::OK);
     if let Ok(v) = http::HeaderValue::from_str(content_type) {
@@ -39,103 +59,157 @@ fn response(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>>
     r
 }
 
-/// The largest request body `POST /admin/explain` reads.
-const MAX_EXPLAIN_BODY: usize = 16 << 20;
+/// A JSON response.
+pub(crate) fn json(status: u16, v: &serde_json::Value) -> Response<Vec<u8>> {
+    response(status, "application/json", v.to_string().into_bytes())
+}
 
-impl AdminApp {
-    /// `POST /admin/explain`: the body is a request as a caller would send it, with its
-    /// `x-llm-*` headers; the answer is the explanation (see `routing::explain`).
-    async fn explain(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
-        if session.req_header().method != http::Method::POST {
-            return response(
-                405,
-                "application/json",
-                crate::error::error_json(
-                    "POST a request body to explain",
-                    "invalid_request_error",
-                    "method_not_allowed",
-                )
-                .to_vec(),
-            );
-        }
-        let mut body = bytes::BytesMut::new();
-        loop {
-            match session.read_request_body().await {
-                Ok(Some(chunk)) if body.len() + chunk.len() <= MAX_EXPLAIN_BODY => {
-                    body.extend_from_slice(&chunk);
-                }
-                Ok(Some(_)) => {
-                    return response(
-                        413,
-                        "application/json",
-                        crate::error::error_json(
-                            "the request body is too large to explain",
-                            "invalid_request_error",
-                            "request_too_large",
-                        )
-                        .to_vec(),
-                    )
-                }
-                Ok(None) => break,
-                Err(_) => {
-                    return response(
-                        400,
-                        "application/json",
-                        crate::error::error_json(
-                            "the request body could not be read",
-                            "invalid_request_error",
-                            "invalid_request",
-                        )
-                        .to_vec(),
-                    )
-                }
+/// An error in the OpenAI shape.
+pub(crate) fn error(status: u16, code: &str, message: &str) -> Response<Vec<u8>> {
+    let kind = match status {
+        401 => "authentication_error",
+        403 => "permission_error",
+        400..=499 => "invalid_request_error",
+        _ => "server_error",
+    };
+    response(
+        status,
+        "application/json",
+        crate::error::error_json(message, kind, code).to_vec(),
+    )
+}
+
+/// The largest request body the admin API reads.
+const MAX_BODY: usize = 16 << 20;
+
+/// Read a request body, bounded.
+pub(crate) async fn read_body(session: &mut ServerSession) -> Result<Bytes, Response<Vec<u8>>> {
+    let mut body = BytesMut::new();
+    loop {
+        match session.read_request_body().await {
+            Ok(Some(chunk)) if body.len() + chunk.len() <= MAX_BODY => {
+                body.extend_from_slice(&chunk);
+            }
+            Ok(Some(_)) => {
+                return Err(error(
+                    413,
+                    "request_too_large",
+                    "the request body is too large",
+                ))
+            }
+            Ok(None) => return Ok(body.freeze()),
+            Err(_) => {
+                return Err(error(
+                    400,
+                    "invalid_request",
+                    "the request body could not be read",
+                ))
             }
         }
-        let headers = &session.req_header().headers;
-        let answer = crate::routing::explain::explain(&self.router, body.freeze(), |name| {
-            headers.get(name).map(http::HeaderValue::as_bytes)
-        });
-        response(200, "application/json", answer.to_string().into_bytes())
+    }
+}
+
+/// What an endpoint needs from the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Need {
+    Nothing,
+    Read,
+    Write,
+}
+
+impl AdminApp {
+    /// Whether the caller may do what `need` asks; the refusal otherwise.
+    fn authorize(&self, session: &ServerSession, need: Need) -> Result<(), Response<Vec<u8>>> {
+        if need == Need::Nothing {
+            return Ok(());
+        }
+        let tokens = self.reloader.tokens();
+        let presented = session
+            .req_header()
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+            .map(<[u8]>::trim_ascii);
+        let grant = tokens.grant(presented);
+        match (need, grant, tokens.configured()) {
+            (_, Grant::Write, _)
+            | (Need::Read, Grant::Read, _)
+            | (Need::Read, Grant::None, false) => Ok(()),
+            (Need::Write, Grant::Read, _) => Err(error(
+                403,
+                "read_only_token",
+                "the read token may only read",
+            )),
+            (Need::Write, Grant::None, false) => Err(error(
+                403,
+                "writes_disabled",
+                "no admin token is configured (admin.token_env): writes are refused",
+            )),
+            _ => Err(error(
+                401,
+                "invalid_admin_token",
+                "send a valid admin token as `Authorization: Bearer <token>`",
+            )),
+        }
     }
 }
 
 #[async_trait]
 impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let method = session.req_header().method.clone();
         let path = session.req_header().uri.path().to_string();
-        if path == "/admin/explain" {
-            return self.explain(session).await;
+        let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let need = match (&method, parts.as_slice()) {
+            (&Method::GET, ["metrics" | "healthz"] | ["admin", "ready"]) => Need::Nothing,
+            (&Method::GET, ["admin", ..]) | (&Method::POST, ["admin", "explain"]) => Need::Read,
+            (&Method::PUT | &Method::POST | &Method::DELETE, ["admin", ..]) => Need::Write,
+            _ => Need::Nothing,
+        };
+        if let Err(refusal) = self.authorize(session, need) {
+            return refusal;
         }
-        match path.as_str() {
-            "/metrics" => response(
+        match (&method, parts.as_slice()) {
+            (&Method::GET, ["metrics"]) => response(
                 200,
                 "text/plain; version=0.0.4",
                 self.metrics.render().into_bytes(),
             ),
-            "/healthz" => {
-                let generation = self.router.tables.load().generation;
-                response(
+            (&Method::GET, ["healthz"]) => {
+                let generation = self.reloader.router().tables.load().generation;
+                json(
                     200,
-                    "application/json",
-                    format!("{{\"status\":\"ok\",\"config_generation\":{generation}}}")
-                        .into_bytes(),
+                    &serde_json::json!({ "status": "ok", "config_generation": generation }),
                 )
             }
-            "/admin/health" => response(
-                200,
-                "application/json",
-                health::render(&self.router).to_string().into_bytes(),
-            ),
-            _ => response(
-                404,
-                "application/json",
-                crate::error::error_json(
-                    "no such admin endpoint",
-                    "invalid_request_error",
-                    "not_found",
-                )
-                .to_vec(),
-            ),
+            (&Method::GET, ["admin", "ready"]) => health::ready(self.reloader.router()),
+            (&Method::GET, ["admin", "health"]) => {
+                json(200, &health::render(self.reloader.router()))
+            }
+            (&Method::POST, ["admin", "explain"]) => self.explain(session).await,
+            (_, ["admin", "config" | "reload" | "policies" | "rules" | "chains", ..]) => {
+                config::handle(&self.reloader, session, &method, &parts[1..]).await
+            }
+            (_, ["admin", "usage" | "keys", ..]) => {
+                error(404, "not_found", "usage and client keys are not built yet")
+            }
+            _ => error(404, "not_found", "no such admin endpoint"),
         }
+    }
+}
+
+impl AdminApp {
+    /// `POST /admin/explain`: the body is a request as a caller would send it, with its
+    /// `x-llm-*` headers; the answer is the explanation (see `routing::explain`).
+    async fn explain(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let body = match read_body(session).await {
+            Ok(b) => b,
+            Err(refusal) => return refusal,
+        };
+        let headers = &session.req_header().headers;
+        let answer = crate::routing::explain::explain(self.reloader.router(), body, |name| {
+            headers.get(name).map(http::HeaderValue::as_bytes)
+        });
+        json(200, &answer)
     }
 }

@@ -44,6 +44,21 @@ pub struct ConfigFile {
     /// Conditional rules consulted when a request names `auto`, in the order written.
     #[serde(default)]
     pub rules: Vec<RuleSection>,
+    /// Who may use the admin API.
+    #[serde(default)]
+    pub admin: AdminSection,
+}
+
+/// The admin API's tokens: each names an environment variable holding it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSection {
+    /// Reads and writes (`Authorization: Bearer <token>`).
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// Reads only.
+    #[serde(default)]
+    pub read_token_env: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -28,6 +28,8 @@ pub struct Config {
     pub policies: Vec<PolicyConfig>,
     /// Conditional rules for `auto` (`rules`), in the order written.
     pub rules: Vec<RuleConfig>,
+    /// Who may use the admin API.
+    pub admin: AdminConfig,
     pub failover: Failover,
     pub limits: Limits,
     pub health: HealthPolicy,
@@ -276,6 +278,16 @@ pub struct Failover {
 pub struct Limits {
     pub max_request_body: usize,
     pub max_request_headers: usize,
+}
+
+/// The admin API's tokens (`admin`): the environment variables that hold them. With neither,
+/// reads are served and writes refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AdminConfig {
+    /// Reads and writes.
+    pub token_env: Option<String>,
+    /// Reads only.
+    pub read_token_env: Option<String>,
 }
 
 /// A named routing policy (`policies.<name>`): where a request starts (`select`), what it

@@ -19,6 +19,7 @@
 //!   produced a response header; latency runs to the end of the response body.
 //! - `requests_in_flight`: requests being handled.
 //! - `config_generation`: the routing snapshot generation serving traffic.
+//! - `config_reloads_total{result}`: config changes applied (`ok`) or refused (`rejected`).
 //! - `rule_matches_total{rule}`: requests a conditional rule sent (`rule:<n>`).
 //! - `policy_selections_total{policy, entry}`: the `select` entry that held (`none`: no entry
 //!   held and the policy's `on_failure` models served).
@@ -35,7 +36,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Counter, LabelPair, Metric, MetricFamily, MetricType};
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntGauge, Registry};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Registry};
 
 use crate::retry::Outcome;
 
@@ -258,6 +259,8 @@ pub struct Metrics {
     ttfb: HistogramVec,
     pub in_flight: IntGauge,
     pub config_generation: IntGauge,
+    /// `result` = `ok` | `rejected`. Not on the request path (a labelled vector is fine here).
+    pub config_reloads: IntCounterVec,
     /// Probe results, counted by the prober and exported with the health families.
     pub probes: Arc<crate::health::probe::ProbeCounters>,
 }
@@ -333,6 +336,17 @@ impl Metrics {
         registry.register(Box::new(ttfb.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
         registry.register(Box::new(config_generation.clone()))?;
+        let config_reloads = IntCounterVec::new(
+            prometheus::Opts::new(
+                "signalbox_config_reloads_total",
+                "Config changes (file reloads and admin writes), by result: ok or rejected.",
+            ),
+            &["result"],
+        )?;
+        // Both series exist from the start, so a dashboard or alert sees zeros, not nothing.
+        config_reloads.with_label_values(&["ok"]);
+        config_reloads.with_label_values(&["rejected"]);
+        registry.register(Box::new(config_reloads.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -345,6 +359,7 @@ impl Metrics {
             ttfb,
             in_flight,
             config_generation,
+            config_reloads,
             probes: Arc::default(),
         })
     }

@@ -302,6 +302,48 @@ impl Gateway {
     pub fn config_dir(&self) -> &Path {
         self.dir.path()
     }
+
+    /// The config file the gateway runs on.
+    pub fn config_path(&self) -> PathBuf {
+        let dir = self.dir.path();
+        ["signalbox.yaml", "signalbox.json"]
+            .iter()
+            .map(|n| dir.join(n))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| dir.join("signalbox.yaml"))
+    }
+
+    /// Send a signal to the gateway process (`HUP`, `QUIT`, ...).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{name}");
+    }
+
+    /// The config generation `/healthz` reports.
+    pub fn generation(&self) -> u64 {
+        http_get_blocking(self.admin, "/healthz")
+            .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
+            .and_then(|v| v["config_generation"].as_u64())
+            .unwrap_or(0)
+    }
+
+    /// Wait until the config generation reaches `n` (a reload was applied).
+    pub async fn wait_generation(&self, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.generation() < n {
+            assert!(
+                Instant::now() < deadline,
+                "config generation stuck at {}:\n{}",
+                self.generation(),
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 impl Drop for Gateway {

@@ -19,6 +19,7 @@
 //! - `routing.rs`: `routing`, the ranking knobs;
 //! - `server.rs`: `listen` and `pingora`, the server process.
 
+mod admin;
 mod failover;
 mod health;
 mod models;
@@ -54,6 +55,7 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
     server::validate_pingora(&file.pingora, &mut errs);
     let health = health::validate_health(&file.health, &mut errs);
     let routing = routing::validate_routing(&file.routing, &mut errs);
+    let admin = admin::validate_admin(&file.admin, &mut errs);
 
     if !errs.is_empty() {
         return Err(ConfigErrors(errs));
@@ -67,6 +69,7 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
         active_chain,
         policies,
         rules,
+        admin,
         failover,
         limits,
         health,

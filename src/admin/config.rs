@@ -1,0 +1,296 @@
+//! The config through the admin API: the whole document, one section at a time, a reload, a
+//! chain's order by a preset.
+//!
+//! Bodies are JSON in the config's own shape: a policy is its object, `rules` their array, a
+//! chain its array of model names, a config the whole document. A section PUT changes that one
+//! key of the running document and validates the result whole, so its errors carry the full
+//! key path (`policies.support.select[0].router: ...`); nothing else in the document changes.
+//! Success is 200 with the new section (`{"generation": n}` for a whole config or a reload);
+//! a refusal is 400 with every error, and nothing changes.
+
+use std::sync::Arc;
+
+use http::{Method, Response};
+use pingora_core::protocols::http::ServerSession;
+use serde_json::{json, Value};
+
+use super::{error, read_body};
+use crate::config::ConfigError;
+use crate::reload::{Applied, ReloadError, Reloader};
+
+/// `parts`: the path after `admin/` (`config`, `reload`, `policies/x`, `chains/x/sort/fastest`).
+pub async fn handle(
+    reloader: &Arc<Reloader>,
+    session: &mut ServerSession,
+    method: &Method,
+    parts: &[&str],
+) -> Response<Vec<u8>> {
+    match (method, parts) {
+        (&Method::GET, ["config"]) => super::json(200, &doc_json(&reloader.current().doc)),
+        (&Method::PUT, ["config"]) => {
+            let body = match body_json(session).await {
+                Ok(v) => v,
+                Err(r) => return r,
+            };
+            let doc = match to_yaml(&body) {
+                Ok(d) => d,
+                Err(r) => return r,
+            };
+            let reloader = reloader.clone();
+            applied(
+                run(move || reloader.replace(doc)).await,
+                |a| json!({ "generation": a.generation, "needs_upgrade": a.needs_upgrade }),
+            )
+        }
+        (&Method::POST, ["reload"]) => {
+            let reloader = reloader.clone();
+            applied(
+                run(move || reloader.reload_file()).await,
+                |a| json!({ "generation": a.generation, "needs_upgrade": a.needs_upgrade }),
+            )
+        }
+        (&Method::GET, ["rules"]) => section(reloader, &["rules"]),
+        (&Method::PUT, ["rules"]) => put_section(reloader, session, vec!["rules".into()]).await,
+        (&Method::GET, ["policies", name]) => section(reloader, &["policies", name]),
+        (&Method::PUT, ["policies", name]) => {
+            put_section(reloader, session, vec!["policies".into(), (*name).into()]).await
+        }
+        (&Method::GET, ["chains", name]) => section(reloader, &["chains", name]),
+        (&Method::PUT, ["chains", name]) => {
+            put_section(reloader, session, vec!["chains".into(), (*name).into()]).await
+        }
+        (&Method::POST, ["chains", name, "sort", preset]) => {
+            sort_chain(reloader, name, preset).await
+        }
+        _ => error(
+            405,
+            "method_not_allowed",
+            "this admin endpoint does not take this method",
+        ),
+    }
+}
+
+/// Run a blocking config change off the async workers (it resolves provider hosts).
+async fn run(
+    f: impl FnOnce() -> Result<Applied, ReloadError> + Send + 'static,
+) -> Result<Applied, ReloadError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(ReloadError::Io(format!("the change did not run: {e}"))))
+}
+
+/// The answer to a change: 200 with `ok(applied)`, or the refusal.
+fn applied(
+    outcome: Result<Applied, ReloadError>,
+    ok: impl FnOnce(&Applied) -> Value,
+) -> Response<Vec<u8>> {
+    match outcome {
+        Ok(a) => super::json(200, &ok(&a)),
+        Err(ReloadError::Invalid(errs)) => {
+            let list: Vec<Value> = errs
+                .0
+                .iter()
+                .map(|e| json!({ "path": e.path, "message": e.message }))
+                .collect();
+            super::json(
+                400,
+                &json!({ "error": {
+                    "message": format!("the config was refused; nothing changed: {errs}"),
+                    "type": "invalid_request_error",
+                    "code": "invalid_config",
+                    "errors": list,
+                }}),
+            )
+        }
+        Err(ReloadError::Busy) => error(409, "busy", &ReloadError::Busy.summary()),
+        Err(e @ ReloadError::Build(_)) => error(400, "invalid_config", &e.summary()),
+        Err(e @ ReloadError::Io(_)) => error(500, "config_io", &e.summary()),
+    }
+}
+
+/// The document as JSON (what `GET /admin/config` answers). Secrets are never in it: keys are
+/// named by environment variable or file, never written inline.
+fn doc_json(doc: &serde_yaml::Value) -> Value {
+    serde_json::to_value(doc).unwrap_or(Value::Null)
+}
+
+fn to_yaml(v: &Value) -> Result<serde_yaml::Value, Response<Vec<u8>>> {
+    serde_yaml::to_value(v)
+        .map_err(|_| error(400, "invalid_request", "the body cannot be a config value"))
+}
+
+async fn body_json(session: &mut ServerSession) -> Result<Value, Response<Vec<u8>>> {
+    let body = read_body(session).await?;
+    serde_json::from_slice(&body)
+        .map_err(|_| error(400, "invalid_request", "the body must be JSON"))
+}
+
+/// The value at `path` in the running document, or 404.
+fn section(reloader: &Reloader, path: &[&str]) -> Response<Vec<u8>> {
+    let loaded = reloader.current();
+    let mut v = &loaded.doc;
+    for key in path {
+        match v.get(*key) {
+            Some(next) => v = next,
+            None if path.len() == 1 => return super::json(200, &json!([])),
+            None => {
+                return error(
+                    404,
+                    "not_found",
+                    &format!("no {} named {:?}", singular(path[0]), path[path.len() - 1]),
+                )
+            }
+        }
+    }
+    super::json(200, &doc_json(v))
+}
+
+fn singular(section: &str) -> &str {
+    section.strip_suffix('s').unwrap_or(section)
+}
+
+/// Set the value at `path` to the body, validate the whole document, write it back, apply.
+async fn put_section(
+    reloader: &Arc<Reloader>,
+    session: &mut ServerSession,
+    path: Vec<String>,
+) -> Response<Vec<u8>> {
+    let body = match body_json(session).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let value = match to_yaml(&body) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let r = reloader.clone();
+    let key_path = path.join(".");
+    let outcome = run(move || r.edit(move |doc| set(doc, &path, value))).await;
+    applied(outcome, |_| {
+        let loaded = reloader.current();
+        let mut v = &loaded.doc;
+        for key in key_path.split('.') {
+            v = v.get(key).unwrap_or(&serde_yaml::Value::Null);
+        }
+        doc_json(v)
+    })
+}
+
+/// Set `doc[path...] = value`, creating the section's mapping when it is missing.
+fn set(
+    doc: &mut serde_yaml::Value,
+    path: &[String],
+    value: serde_yaml::Value,
+) -> Result<(), ConfigError> {
+    let Some((last, parents)) = path.split_last() else {
+        return Ok(());
+    };
+    let mut node = doc;
+    for key in parents {
+        let map = node
+            .as_mapping_mut()
+            .ok_or_else(|| ConfigError::new("", "the config is not a mapping"))?;
+        node = map
+            .entry(serde_yaml::Value::from(key.as_str()))
+            .or_insert_with(|| serde_yaml::Value::Mapping(serde_yaml::Mapping::new()));
+    }
+    let map = node
+        .as_mapping_mut()
+        .ok_or_else(|| ConfigError::new(path.join("."), "this section is not a mapping"))?;
+    map.insert(serde_yaml::Value::from(last.as_str()), value);
+    Ok(())
+}
+
+/// `POST /admin/chains/{name}/sort/{smartest|fastest|budget}`: rewrite the chain's order —
+/// capability tier first (`smartest`), measured time to first byte first, unmeasured last
+/// (`fastest`), or cheapest for a nominal request first (`budget`). Only the order changes.
+async fn sort_chain(reloader: &Arc<Reloader>, name: &str, preset: &str) -> Response<Vec<u8>> {
+    let loaded = reloader.current();
+    let Some(chain) = loaded
+        .config
+        .chains
+        .iter()
+        .find(|c| c.name.eq_ignore_ascii_case(name))
+    else {
+        return error(404, "not_found", &format!("no chain named {name:?}"));
+    };
+    let Some(entries) = loaded
+        .doc
+        .get("chains")
+        .and_then(|c| c.get(chain.name.as_str()))
+        .and_then(serde_yaml::Value::as_sequence)
+        .cloned()
+    else {
+        return error(404, "not_found", &format!("no chain named {name:?}"));
+    };
+    let tables = reloader.router().tables.load_full();
+    let key = |model: usize| -> (f64, f64) {
+        let m = &loaded.config.models[model];
+        let deployments: Vec<_> = tables
+            .catalog
+            .models
+            .iter()
+            .find(|cm| *cm.name == m.name)
+            .map(|cm| cm.deployments.clone())
+            .unwrap_or_default();
+        let now = tables.health.now_ms();
+        match preset {
+            "smartest" => (-f64::from(m.capability), 0.0),
+            "fastest" => {
+                let ttfb = deployments
+                    .iter()
+                    .filter_map(|d| {
+                        tables
+                            .health
+                            .deployment_view(&tables.catalog, *d, now)
+                            .ttfb_ms
+                    })
+                    .fold(f64::INFINITY, f64::min);
+                (ttfb, -f64::from(m.capability))
+            }
+            _ => {
+                #[allow(clippy::cast_precision_loss)]
+                let cost = deployments
+                    .iter()
+                    .map(|d| {
+                        crate::routing::scoring::cost_micro(
+                            tables.catalog.deployment(*d),
+                            crate::routing::scoring::NOMINAL_INPUT_TOKENS,
+                            crate::routing::scoring::NOMINAL_OUTPUT_TOKENS,
+                        ) as f64
+                    })
+                    .fold(f64::INFINITY, f64::min);
+                (cost, -f64::from(m.capability))
+            }
+        }
+    };
+    if !matches!(preset, "smartest" | "fastest" | "budget") {
+        return error(
+            404,
+            "not_found",
+            "sort presets are smartest, fastest and budget",
+        );
+    }
+    let mut order: Vec<(usize, serde_yaml::Value)> =
+        chain.models.iter().copied().zip(entries).collect();
+    // Stable: equal keys keep the chain's order.
+    order.sort_by(|(a, _), (b, _)| {
+        let (ka, kb) = (key(*a), key(*b));
+        ka.0.total_cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
+    });
+    let sorted = serde_yaml::Value::Sequence(order.into_iter().map(|(_, v)| v).collect());
+    let path = vec!["chains".to_string(), chain.name.clone()];
+    let r = reloader.clone();
+    let outcome = run(move || r.edit(move |doc| set(doc, &path, sorted))).await;
+    let chain_name = chain.name.clone();
+    applied(outcome, |_| {
+        let loaded = reloader.current();
+        doc_json(
+            loaded
+                .doc
+                .get("chains")
+                .and_then(|c| c.get(chain_name.as_str()))
+                .unwrap_or(&serde_yaml::Value::Null),
+        )
+    })
+}

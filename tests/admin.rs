@@ -1,0 +1,385 @@
+//! The admin API and hot reload over real sockets: tokens, each endpoint's validation and
+//! write-back, reloads that keep health and never drop a stream, and refusals that change
+//! nothing.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use signalbox_mock::MockHandle;
+
+const WRITE: &str = "admin-write-token-1";
+const READ: &str = "admin-read-token-2";
+
+fn config(a: &MockHandle, b: &MockHandle, extra: &str) -> String {
+    format!(
+        "providers:\n{}{}models:\n  ma: {{ deployments: [{{ provider: a, model: up-a }}] }}\n  mb: {{ deployments: [{{ provider: b, model: up-b }}] }}\nchains:\n  main: [ma, mb]\nactive_chain: main\nadmin: {{ token_env: SB_ADMIN, read_token_env: SB_ADMIN_READ }}\nhealth: {{ failure_threshold: 1, cooldown: 1h, probe_interval: 1h }}\n{extra}",
+        provider("a", a),
+        provider("b", b),
+    )
+}
+
+fn start(text: String) -> Gateway {
+    GatewayBuilder::new(text)
+        .env("SB_ADMIN", WRITE)
+        .env("SB_ADMIN_READ", READ)
+        .start()
+}
+
+async fn admin(
+    gw: &Gateway,
+    method: reqwest::Method,
+    path: &str,
+    token: Option<&str>,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let mut r = client().request(method, format!("http://{}{path}", gw.admin));
+    if let Some(t) = token {
+        r = r.header("authorization", format!("Bearer {t}"));
+    }
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    let r = r.send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tokens_guard_reads_and_writes() {
+    let (a, b) = (mock("a").await, mock("b").await);
+    let gw = start(config(&a, &b, ""));
+    use reqwest::Method;
+    // Metrics and liveness need no token.
+    assert_eq!(admin(&gw, Method::GET, "/metrics", None, None).await.0, 200);
+    assert_eq!(admin(&gw, Method::GET, "/healthz", None, None).await.0, 200);
+    assert_eq!(
+        admin(&gw, Method::GET, "/admin/ready", None, None).await.0,
+        200
+    );
+    // With tokens configured, reads need one.
+    let (s, v) = admin(&gw, Method::GET, "/admin/config", None, None).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (401, Some("invalid_admin_token"))
+    );
+    assert_eq!(
+        admin(&gw, Method::GET, "/admin/config", Some("wrong"), None)
+            .await
+            .0,
+        401
+    );
+    assert_eq!(
+        admin(&gw, Method::GET, "/admin/config", Some(READ), None)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        admin(&gw, Method::GET, "/admin/health", Some(WRITE), None)
+            .await
+            .0,
+        200
+    );
+    // The read token reads only.
+    let (s, v) = admin(&gw, Method::POST, "/admin/reload", Some(READ), None).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (403, Some("read_only_token"))
+    );
+    assert_eq!(
+        admin(&gw, Method::POST, "/admin/reload", None, None)
+            .await
+            .0,
+        401
+    );
+    assert_eq!(
+        admin(&gw, Method::POST, "/admin/reload", Some(WRITE), None)
+            .await
+            .0,
+        200
+    );
+    // The tokens never show up in what the admin API or metrics say.
+    let (_, cfg) = admin(&gw, Method::GET, "/admin/config", Some(READ), None).await;
+    let metrics = gw.metrics().await;
+    for text in [cfg.to_string(), metrics, gw.stderr()] {
+        assert!(!text.contains(WRITE) && !text.contains(READ));
+    }
+
+    // No token configured: reads are served, writes refused.
+    let open = config(&a, &b, "").replace(
+        "admin: { token_env: SB_ADMIN, read_token_env: SB_ADMIN_READ }\n",
+        "",
+    );
+    let gw = Gateway::start(open);
+    assert_eq!(
+        admin(&gw, Method::GET, "/admin/config", None, None).await.0,
+        200
+    );
+    let (s, v) = admin(&gw, Method::POST, "/admin/reload", None, None).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (403, Some("writes_disabled"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sections_are_validated_written_back_and_survive_a_restart() {
+    use reqwest::Method;
+    let (a, b) = (mock("a").await, mock("b").await);
+    let gw = start(config(&a, &b, ""));
+    let g0 = gw.generation();
+    // A policy: refused with its key path, nothing changes...
+    let bad = serde_json::json!({ "select": [ { "router": "weighted", "targets": [ { "model": "nope" } ] } ] });
+    let (s, v) = admin(
+        &gw,
+        Method::PUT,
+        "/admin/policies/support",
+        Some(WRITE),
+        Some(bad),
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+    let paths: Vec<&str> = v["error"]["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["path"].as_str())
+        .collect();
+    assert!(
+        paths
+            .iter()
+            .any(|p| p.starts_with("policies.support.select[0]")),
+        "{v}"
+    );
+    assert_eq!(gw.generation(), g0);
+    expect_error(
+        post_chat(&gw, &chat("support")).await,
+        400,
+        "model_not_found",
+    )
+    .await;
+    // ...accepted, applied and written back.
+    let good = serde_json::json!({ "select": [ { "router": "priority", "targets": [ { "model": "mb" } ] } ] });
+    let (s, v) = admin(
+        &gw,
+        Method::PUT,
+        "/admin/policies/support",
+        Some(WRITE),
+        Some(good),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["select"][0]["router"], "priority");
+    let r = post_chat(&gw, &chat("support")).await;
+    assert_eq!(header(&r, "x-llm-route"), "policy:support");
+    assert_eq!(header(&r, "x-llm-provider"), "b");
+    // Rules and chains the same way.
+    let rules = serde_json::json!([ { "when": { "params.stream": true }, "then": "support" } ]);
+    assert_eq!(
+        admin(&gw, Method::PUT, "/admin/rules", Some(WRITE), Some(rules))
+            .await
+            .0,
+        200
+    );
+    let (s, v) = admin(
+        &gw,
+        Method::PUT,
+        "/admin/rules",
+        Some(WRITE),
+        Some(serde_json::json!([ { "when": { "params.stream": { "$inn": [1] } }, "then": "support" } ])),
+    )
+    .await;
+    assert_eq!(s, 400);
+    assert!(v.to_string().contains("rules[0].when.params.stream"), "{v}");
+    assert_eq!(
+        admin(
+            &gw,
+            Method::PUT,
+            "/admin/chains/main",
+            Some(WRITE),
+            Some(serde_json::json!(["mb", "ma"]))
+        )
+        .await
+        .0,
+        200
+    );
+    let r = post_chat(&gw, &chat("auto")).await;
+    assert_eq!(header(&r, "x-llm-provider"), "b", "the chain's new order");
+    let (s, v) = admin(
+        &gw,
+        Method::POST,
+        "/admin/chains/main/sort/smartest",
+        Some(WRITE),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v.as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        admin(&gw, Method::GET, "/admin/chains/nope", Some(READ), None)
+            .await
+            .0,
+        404
+    );
+
+    // The file holds every change: a gateway started from it serves the same.
+    let written = std::fs::read_to_string(gw.config_path()).unwrap();
+    assert!(written.contains("support"), "{written}");
+    let (proxy, admin_port) = (free_port(), free_port());
+    let text = written
+        .replace(&gw.proxy.to_string(), &format!("127.0.0.1:{proxy}"))
+        .replace(&gw.admin.to_string(), &format!("127.0.0.1:{admin_port}"));
+    let again = GatewayBuilder::new(text)
+        .verbatim()
+        .listening_on(proxy, admin_port)
+        .env("SB_ADMIN", WRITE)
+        .env("SB_ADMIN_READ", READ)
+        .start();
+    let r = post_chat(&again, &chat("support")).await;
+    assert_eq!(header(&r, "x-llm-route"), "policy:support");
+    let mut stream = chat("auto");
+    stream["stream"] = serde_json::json!(true);
+    let r = post_chat(&again, &stream).await;
+    assert_eq!(
+        header(&r, "x-llm-route"),
+        "rule:0",
+        "the rule came back too"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_keeps_health_and_in_flight_streams() {
+    let a = mock_with("a", |c| {
+        c.stream = signalbox_mock::StreamShape {
+            chunks: 6,
+            gap: Duration::from_millis(150),
+        }
+    })
+    .await;
+    let b = mock("b").await;
+    let gw = start(config(&a, &b, ""));
+    // Eject b (one failure, a one-hour cooldown).
+    b.push_script([status(503)]);
+    let r = post_chat(&gw, &chat("mb")).await;
+    assert_eq!(r.status(), 502);
+    // A slow stream starts on a...
+    let mut body = chat("ma");
+    body["stream"] = serde_json::json!(true);
+    let stream = client()
+        .post(gw.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    // ...and the config changes under it: a new model, by SIGHUP.
+    let g0 = gw.generation();
+    let path = gw.config_path();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let changed = text.replace(
+        "  mb: { deployments: [{ provider: b, model: up-b }] }\n",
+        "  mb: { deployments: [{ provider: b, model: up-b }] }\n  mc: { deployments: [{ provider: a, model: up-c }] }\n",
+    );
+    assert_ne!(text, changed);
+    std::fs::write(&path, changed).unwrap();
+    gw.signal("HUP");
+    gw.wait_generation(g0 + 1).await;
+    // The stream finishes on the snapshot it started with, with its terminator.
+    let text = stream.text().await.unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    // The new model serves; b is still ejected (its record carried over).
+    assert_eq!(post_chat(&gw, &chat("mc")).await.status(), 200);
+    let h: serde_json::Value = client()
+        .get(format!("http://{}/admin/health", gw.admin))
+        .header("authorization", format!("Bearer {READ}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let b_target = h["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["provider"] == "b")
+        .unwrap();
+    assert_eq!(b_target["state"], "ejected", "{h:#}");
+    assert_eq!(b.calls(), 1);
+    let m = gw
+        .metrics_with(&[r#"signalbox_config_reloads_total{result="ok"} 1"#])
+        .await;
+    assert!(
+        m.contains(r#"signalbox_config_reloads_total{result="ok"} 1"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(&format!("signalbox_config_generation {}", g0 + 1)),
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_config_changes_nothing() {
+    use reqwest::Method;
+    let (a, b) = (mock("a").await, mock("b").await);
+    let gw = start(config(&a, &b, ""));
+    let g0 = gw.generation();
+    let path = gw.config_path();
+    let good = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        good.replace("model: up-a", "model: up-a, colour: red"),
+    )
+    .unwrap();
+    // By the admin API: 400 with the key path.
+    let (s, v) = admin(&gw, Method::POST, "/admin/reload", Some(WRITE), None).await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v.to_string().contains("models.ma.deployments[0].colour"),
+        "{v}"
+    );
+    // By SIGHUP: logged, counted, and the old config keeps serving.
+    gw.signal("HUP");
+    let m = gw
+        .metrics_with(&[r#"signalbox_config_reloads_total{result="rejected"} 2"#])
+        .await;
+    assert!(
+        m.contains(r#"signalbox_config_reloads_total{result="rejected"} 2"#),
+        "{m}"
+    );
+    assert!(gw
+        .stderr_with("config refused")
+        .await
+        .contains("config refused"));
+    assert_eq!(gw.generation(), g0);
+    assert_eq!(post_chat(&gw, &chat("ma")).await.status(), 200);
+    // A whole config by PUT: validated the same way; listen changes need an upgrade.
+    let (s, _) = admin(
+        &gw,
+        Method::PUT,
+        "/admin/config",
+        Some(WRITE),
+        Some(serde_json::json!({"providers": {}})),
+    )
+    .await;
+    assert_eq!(s, 400);
+    std::fs::write(&path, &good).unwrap();
+    let (_, current) = admin(&gw, Method::GET, "/admin/config", Some(READ), None).await;
+    let mut next = current.clone();
+    next["listen"]["admin"] = serde_json::json!("127.0.0.1:1");
+    let (s, v) = admin(&gw, Method::PUT, "/admin/config", Some(WRITE), Some(next)).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["generation"], g0 + 1);
+    assert_eq!(v["needs_upgrade"], serde_json::json!(["listen"]));
+    // The admin listener is still where it was.
+    assert_eq!(admin(&gw, Method::GET, "/healthz", None, None).await.0, 200);
+}

@@ -44,6 +44,7 @@ pub mod config;
 pub mod dns;
 pub mod error;
 pub mod health;
+pub mod lifecycle;
 pub mod metrics;
 pub mod periodic;
 pub mod proxy;

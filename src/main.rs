@@ -60,6 +60,10 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     signalbox::telemetry::init();
+    // Absolute before anything else: a daemon's working directory is `/`, and a `SIGUSR2`
+    // upgrade runs the binary installed where this one was started from.
+    let conf = std::fs::canonicalize(&cli.conf).unwrap_or_else(|_| cli.conf.clone());
+    let exe = std::env::current_exe().ok();
 
     let loaded = match signalbox::reload::load(&cli.conf) {
         Ok(l) => l,
@@ -117,14 +121,19 @@ fn main() -> ExitCode {
         "signalbox starting"
     );
     let reloader = std::sync::Arc::new(signalbox::reload::Reloader::new(
-        &cli.conf,
+        &conf,
         loaded,
         state.router.clone(),
         state.metrics.clone(),
     ));
     let config = &reloader.current().config;
-    let server =
-        signalbox::server::build_server(config, state, reloader.clone(), cli.upgrade, cli.daemon);
+    let launch = signalbox::lifecycle::Launch {
+        exe,
+        conf,
+        daemon: cli.daemon,
+        upgrade: cli.upgrade,
+    };
+    let server = signalbox::server::build_server(config, state, reloader.clone(), launch);
     server.run_forever()
 }
 

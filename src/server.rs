@@ -18,6 +18,7 @@ use crate::error::StartupError;
 use crate::health::clock::{Clock, SystemClock};
 use crate::health::probe::{HealthSource, ProbeService, Prober};
 use crate::health::{HealthRegistry, HealthShared};
+use crate::lifecycle::{DrainThenExit, Launch, ReloadOnHangup, UpgradeOnUser2};
 use crate::metrics::health::HealthCollector;
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
@@ -85,9 +86,21 @@ pub fn build_state_with_clock(
 /// Downstream write coalescing: a response header and a small body leave in one segment.
 const DOWNSTREAM_WRITE_BUFFER: usize = 1460;
 
+/// How long a graceful shutdown or upgrade lets streams run on (`pingora.grace_period_seconds`):
+/// a long reasoning-model stream runs for minutes. An idle process leaves at once anyway
+/// ([`crate::lifecycle::DrainThenExit`]), so a long grace costs nothing when nothing streams.
+pub const GRACE_PERIOD_SECONDS: u64 = 600;
+/// After the grace period, how long the runtimes get to stop their tasks.
+pub const GRACEFUL_SHUTDOWN_TIMEOUT_SECONDS: u64 = 10;
+/// Idle upstream connections kept for reuse, across all providers. Pingora's 128 is small for
+/// a gateway holding thousands of concurrent streams to a handful of hosts: each connection
+/// dropped from the pool is a new TCP + TLS handshake on a later request's first byte.
+pub const UPSTREAM_KEEPALIVE_POOL_SIZE: usize = 1024;
+
 /// Pingora's server settings from the `pingora:` section. Unset values keep Pingora's
-/// defaults, except `threads` (all cores rather than one) and `max_retries` (follows
-/// `failover.max_attempts`, since each Pingora retry is one attempt).
+/// defaults, except `threads` (all cores rather than one), `max_retries` (follows
+/// `failover.max_attempts`, since each Pingora retry is one attempt), and the three above,
+/// chosen for LLM streams.
 pub fn server_conf(config: &Config) -> ServerConf {
     let p = &config.pingora;
     let mut conf = ServerConf {
@@ -115,11 +128,14 @@ pub fn server_conf(config: &Config) -> ServerConf {
     conf.error_log.clone_from(&p.error_log);
     conf.user.clone_from(&p.user);
     conf.group.clone_from(&p.group);
-    conf.grace_period_seconds = p.grace_period_seconds;
-    conf.graceful_shutdown_timeout_seconds = p.graceful_shutdown_timeout_seconds;
-    if let Some(v) = p.upstream_keepalive_pool_size {
-        conf.upstream_keepalive_pool_size = v;
-    }
+    conf.grace_period_seconds = Some(p.grace_period_seconds.unwrap_or(GRACE_PERIOD_SECONDS));
+    conf.graceful_shutdown_timeout_seconds = Some(
+        p.graceful_shutdown_timeout_seconds
+            .unwrap_or(GRACEFUL_SHUTDOWN_TIMEOUT_SECONDS),
+    );
+    conf.upstream_keepalive_pool_size = p
+        .upstream_keepalive_pool_size
+        .unwrap_or(UPSTREAM_KEEPALIVE_POOL_SIZE);
     conf.ca_file.clone_from(&p.ca_file);
     conf
 }
@@ -129,12 +145,11 @@ pub fn build_server(
     config: &Config,
     state: Arc<GatewayState>,
     reloader: Arc<Reloader>,
-    upgrade: bool,
-    daemon: bool,
+    launch: Launch,
 ) -> Server {
     let opt = Opt {
-        upgrade,
-        daemon,
+        upgrade: launch.upgrade,
+        daemon: launch.daemon,
         ..Opt::default()
     };
     let mut server = Server::new_with_opt_and_conf(opt, server_conf(config));
@@ -190,31 +205,15 @@ pub fn build_server(
         "signalbox reload on SIGHUP",
         ReloadOnHangup { reloader },
     ));
+    server.add_service(background_service(
+        "signalbox upgrade on SIGUSR2",
+        UpgradeOnUser2::new(launch),
+    ));
+    server.add_service(background_service(
+        "signalbox drain then exit",
+        DrainThenExit {
+            metrics: state.metrics.clone(),
+        },
+    ));
     server
-}
-
-/// `SIGHUP`: re-read the config file and apply it (health kept), as `POST /admin/reload` does.
-struct ReloadOnHangup {
-    reloader: Arc<Reloader>,
-}
-
-#[async_trait::async_trait]
-impl pingora_core::services::background::BackgroundService for ReloadOnHangup {
-    async fn start(&self, mut shutdown: pingora_core::server::ShutdownWatch) {
-        let Ok(mut hangup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        else {
-            tracing::warn!("cannot listen for SIGHUP: reload with POST /admin/reload");
-            return;
-        };
-        loop {
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                Some(()) = hangup.recv() => {
-                    let reloader = self.reloader.clone();
-                    // Outcomes are logged and counted by the reloader itself.
-                    let _ = tokio::task::spawn_blocking(move || reloader.reload_file()).await;
-                }
-            }
-        }
-    }
 }

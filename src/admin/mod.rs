@@ -179,7 +179,12 @@ impl ServeHttp for AdminApp {
                 let generation = self.reloader.router().tables.load().generation;
                 json(
                     200,
-                    &serde_json::json!({ "status": "ok", "config_generation": generation }),
+                    &serde_json::json!({
+                        "status": "ok",
+                        "config_generation": generation,
+                        // Which process answers: during an upgrade, the old or the new.
+                        "pid": std::process::id(),
+                    }),
                 )
             }
             (&Method::GET, ["admin", "ready"]) => health::ready(self.reloader.router()),

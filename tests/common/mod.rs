@@ -98,6 +98,7 @@ pub struct GatewayBuilder {
     listen: Option<(SocketAddr, SocketAddr)>,
     fd_limit: Option<u32>,
     verbatim: bool,
+    grace: u64,
 }
 
 impl GatewayBuilder {
@@ -110,6 +111,7 @@ impl GatewayBuilder {
             listen: None,
             fd_limit: None,
             verbatim: false,
+            grace: 0,
         }
     }
 
@@ -136,6 +138,12 @@ impl GatewayBuilder {
         self
     }
 
+    /// `pingora.grace_period_seconds` (the harness default is 0: tests end with a kill).
+    pub fn grace(mut self, seconds: u64) -> Self {
+        self.grace = seconds;
+        self
+    }
+
     /// The listeners the config itself names (for configs written whole, like JSON ones).
     pub fn listening_on(mut self, proxy: u16, admin: u16) -> Self {
         self.listen = Some((
@@ -158,8 +166,9 @@ impl GatewayBuilder {
         } else {
             format!(
                 "listen: {{ proxy: \"{proxy}\", admin: \"{admin}\" }}\n\
-                 pingora: {{ threads: 2, pid_file: \"{pid}\", upgrade_sock: \"{sock}\", grace_period_seconds: 0, graceful_shutdown_timeout_seconds: 1 }}\n{}",
+                 pingora: {{ threads: 2, pid_file: \"{pid}\", upgrade_sock: \"{sock}\", grace_period_seconds: {grace}, graceful_shutdown_timeout_seconds: 1 }}\n{}",
                 self.config,
+                grace = self.grace,
                 pid = dir.path().join("pid").display(),
                 sock = dir.path().join("upgrade.sock").display(),
             )
@@ -315,12 +324,50 @@ impl Gateway {
 
     /// Send a signal to the gateway process (`HUP`, `QUIT`, ...).
     pub fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
+        signal_pid(self.child.id(), name);
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Wait (with a deadline) for the gateway process to exit by itself; its status.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The pid of the process answering `/healthz` (during an upgrade: the old or the new).
+    pub fn serving_pid(&self) -> Option<u32> {
+        http_get_blocking(self.admin, "/healthz")
+            .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
+            .and_then(|v| v["pid"].as_u64())
+            .and_then(|p| u32::try_from(p).ok())
+    }
+
+    /// Start a second gateway on the same config in upgrade mode (`-u`): it waits on the
+    /// upgrade socket for this one's listeners (sent on `SIGQUIT`).
+    pub fn spawn_upgrade(&self) -> Upgraded {
+        let stderr_path = self.dir.path().join("stderr-upgraded.log");
+        let stderr = std::fs::File::create(&stderr_path).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_signalbox"))
+            .arg("-u")
+            .arg("-c")
+            .arg(self.config_path())
+            .env("RUST_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
             .unwrap();
-        assert!(status.success(), "kill -{name}");
+        Upgraded { child, stderr_path }
     }
 
     /// The config generation `/healthz` reports.
@@ -350,6 +397,48 @@ impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Send a signal (`HUP`, `QUIT`, `USR2`, ...) to a process.
+pub fn signal_pid(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
+/// A gateway started in upgrade mode by a test; killed when dropped.
+pub struct Upgraded {
+    pub child: Child,
+    stderr_path: PathBuf,
+}
+
+impl Upgraded {
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+}
+
+impl Drop for Upgraded {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A process the test did not start itself (a gateway's own upgrade child): killed when
+/// dropped.
+pub struct KillOnDrop(pub u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-KILL")
+            .arg(self.0.to_string())
+            .status();
     }
 }
 

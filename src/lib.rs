@@ -31,6 +31,8 @@
 //! - [`dns`]: background re-resolution of provider hosts; [`periodic`]: the loop background
 //!   passes share.
 //! - [`server`]: the shared gateway state and the Pingora server assembled from a config.
+//! - [`server_tls`]: the proxy listener's TLS certificate (loaded and checked; a leaf that
+//!   config validation uses) in the store handshakes read, swapped on reload.
 //!
 //! The request lifecycle, hook by hook, is the table in [`proxy`]. The mock provider the
 //! tests, demo and load tests run against is its own crate, `signalbox-mock`.
@@ -49,6 +51,7 @@ pub mod retry;
 pub mod routing;
 pub mod secret;
 pub mod server;
+pub mod server_tls;
 pub mod telemetry;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;

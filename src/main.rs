@@ -59,8 +59,8 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    signalbox::telemetry::init();
 
+    // Config errors are printed plainly; logging starts once the config says how to log.
     let config = match signalbox::config::load(&cli.conf) {
         Ok(c) => c,
         Err(errors) => {
@@ -71,6 +71,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    signalbox::telemetry::init(config.log.format);
     let (state, warnings) = match signalbox::server::build_state(&config) {
         Ok(s) => s,
         Err(e) => {

@@ -12,7 +12,7 @@ use pingora_core::services::listening::Service;
 
 use crate::admin::AdminApp;
 use crate::catalog::{read_key_from_env_or_file, resolve_blocking, Catalog, CatalogWarning};
-use crate::config::Config;
+use crate::config::{Config, Listen};
 use crate::dns::{DnsRefresher, REFRESH_INTERVAL};
 use crate::error::StartupError;
 use crate::health::clock::{Clock, SystemClock};
@@ -23,12 +23,16 @@ use crate::metrics::Metrics;
 use crate::proxy::Gateway;
 use crate::routing::rank::RankerService;
 use crate::routing::{Router, Tables};
+use crate::server_tls::CertStore;
 
 /// State shared by every request and every background service: routing (snapshot, rankings,
 /// health, sessions) and the metric families.
 pub struct GatewayState {
     pub router: Arc<Router>,
     pub metrics: Arc<Metrics>,
+    /// The proxy listener's certificate when it terminates TLS (`listen.proxy_tls`): the
+    /// resolver its handshakes read, swapped by [`GatewayState::reload_proxy_tls`].
+    pub proxy_tls: Option<Arc<CertStore>>,
 }
 
 impl GatewayState {
@@ -37,7 +41,28 @@ impl GatewayState {
         metrics
             .config_generation
             .set(i64::try_from(generation).unwrap_or(0));
-        Self { router, metrics }
+        Self {
+            router,
+            metrics,
+            proxy_tls: None,
+        }
+    }
+
+    /// On config reload: serve the certificate of the new config's `listen.proxy_tls` (read
+    /// and checked when that config was validated) from the next TLS handshake on; open
+    /// connections keep theirs. Nothing to do when TLS is off in both. Turning TLS on or off
+    /// needs a restart (or graceful upgrade): the listener's protocol is fixed when it binds,
+    /// so that is refused, changing nothing. The address, ALPN and `h2c` are fixed likewise.
+    pub fn reload_proxy_tls(&self, listen: &Listen) -> Result<(), ListenerChange> {
+        match (&self.proxy_tls, &listen.proxy_tls) {
+            (Some(store), Some(tls)) => {
+                store.swap(&tls.cert);
+                Ok(())
+            }
+            (None, None) => Ok(()),
+            (None, Some(_)) => Err(ListenerChange::TlsTurnedOn),
+            (Some(_), None) => Err(ListenerChange::TlsTurnedOff),
+        }
     }
 
     /// The catalog serving traffic and its health records, for background readers.
@@ -49,8 +74,20 @@ impl GatewayState {
         })
     }
 }
+
+/// A listener change a reload cannot apply while the process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ListenerChange {
+    #[error("listen.proxy_tls: the proxy listener is plaintext; turning TLS on takes a restart")]
+    TlsTurnedOn,
+    #[error("listen.proxy_tls: the proxy listener terminates TLS; turning it off takes a restart")]
+    TlsTurnedOff,
+}
+
+use pingora_core::apps::HttpServerOptions;
 use pingora_core::connectors::http::Connector;
 use pingora_core::connectors::ConnectorOptions;
+use pingora_core::listeners::tls::TlsSettings;
 use pingora_core::listeners::{L4BufferSettings, ListenerConfig};
 
 /// Build the shared gateway state (catalog, routing snapshot, health, metrics) from a config.
@@ -73,7 +110,12 @@ pub fn build_state_with_clock(
     let health = Arc::new(HealthRegistry::new(&catalog, config.health, shared.clone()));
     let tables = Tables::build(config, catalog, health, &metrics, 1);
     let router = Arc::new(Router::new(tables, shared));
-    let state = GatewayState::new(router, metrics);
+    let mut state = GatewayState::new(router, metrics);
+    state.proxy_tls = config
+        .listen
+        .proxy_tls
+        .as_ref()
+        .map(|tls| Arc::new(CertStore::new(&tls.cert)));
     state.metrics.register(Box::new(HealthCollector::new(
         state.health_source(),
         state.metrics.probes.clone(),
@@ -83,6 +125,10 @@ pub fn build_state_with_clock(
 
 /// Downstream write coalescing: a response header and a small body leave in one segment.
 const DOWNSTREAM_WRITE_BUFFER: usize = 1460;
+
+/// Downstream read buffer under TLS: rustls asks its transport for 4 KiB at a time; one
+/// buffered read takes a whole 16 KiB record (plus header and tag) in one syscall.
+const DOWNSTREAM_TLS_READ_BUFFER: usize = 16 * 1024 + 256;
 
 /// Pingora's server settings from the `pingora:` section. Unset values keep Pingora's
 /// defaults, except `threads` (all cores rather than one) and `max_retries` (follows
@@ -123,6 +169,20 @@ pub fn server_conf(config: &Config) -> ServerConf {
     conf
 }
 
+/// The proxy listener's TLS: rustls (TLS 1.2 and 1.3), the certificate from `store` at
+/// every handshake, ALPN `h2` then `http/1.1`.
+fn proxy_tls_settings(store: Arc<CertStore>) -> TlsSettings {
+    // With a resolver set, Pingora ignores the certificate paths (`TlsSettings::build`), and
+    // `intermediate` only records them: with the rustls backend it cannot fail.
+    let mut tls = match TlsSettings::intermediate("", "") {
+        Ok(tls) => tls,
+        Err(e) => panic!("Pingora's TLS settings: {e}"),
+    };
+    tls.set_cert_resolver(store);
+    tls.enable_h2();
+    tls
+}
+
 /// Build the Pingora server with every service. The caller runs it.
 pub fn build_server(
     config: &Config,
@@ -143,13 +203,40 @@ pub fn build_server(
         Gateway::new(state.router.clone(), state.metrics.clone()),
         "signalbox proxy",
     );
-    // Downstream reads go straight into Pingora's own header and body buffers: the default
-    // 64 KiB read-ahead buffer per connection would be one more copy of every byte and 64 KiB
-    // of memory per open stream (10,000 streams: 640 MiB).
-    proxy.add_listener(
-        ListenerConfig::tcp(&config.listen.proxy)
-            .l4_buffer(L4BufferSettings::new(0, DOWNSTREAM_WRITE_BUFFER)),
-    );
+    match &config.listen.proxy_tls {
+        // Downstream reads go straight into Pingora's own header and body buffers: the default
+        // 64 KiB read-ahead buffer per connection would be one more copy of every byte and 64 KiB
+        // of memory per open stream (10,000 streams: 640 MiB).
+        None => proxy.add_listener(
+            ListenerConfig::tcp(&config.listen.proxy)
+                .l4_buffer(L4BufferSettings::new(0, DOWNSTREAM_WRITE_BUFFER)),
+        ),
+        Some(tls) => {
+            // The state's store, so that `reload_proxy_tls` reaches this listener (a state
+            // not built by `build_state` has none: the listener then keeps its own).
+            let store = state
+                .proxy_tls
+                .clone()
+                .unwrap_or_else(|| Arc::new(CertStore::new(&tls.cert)));
+            proxy.add_listener(
+                ListenerConfig::tcp(&config.listen.proxy)
+                    .tls(proxy_tls_settings(store))
+                    .l4_buffer(L4BufferSettings::new(
+                        DOWNSTREAM_TLS_READ_BUFFER,
+                        DOWNSTREAM_WRITE_BUFFER,
+                    )),
+            );
+        }
+    }
+    // Cleartext HTTP/2: Pingora peeks for the HTTP/2 preface on each plaintext connection
+    // and serves HTTP/1.1 when it is absent (on TLS it follows ALPN instead).
+    if config.listen.h2c {
+        if let Some(app) = proxy.app_logic_mut() {
+            let mut options = HttpServerOptions::default();
+            options.h2c = true;
+            app.server_options = Some(options);
+        }
+    }
 
     let mut admin = Service::new(
         "signalbox admin".to_string(),

@@ -33,6 +33,8 @@
 //! - [`reload`]: a new config validated, built into a snapshot (health carried over) and
 //!   swapped in, or refused with nothing changed; admin writes are written back to the file.
 //! - [`server`]: the shared gateway state and the Pingora server assembled from a config.
+//! - [`server_tls`]: the proxy listener's TLS certificate (loaded and checked; a leaf that
+//!   config validation uses) in the store handshakes read, swapped on reload.
 //!
 //! The request lifecycle, hook by hook, is the table in [`proxy`]. The mock provider the
 //! tests, demo and load tests run against is its own crate, `signalbox-mock`.
@@ -53,6 +55,7 @@ pub mod retry;
 pub mod routing;
 pub mod secret;
 pub mod server;
+pub mod server_tls;
 pub mod telemetry;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;

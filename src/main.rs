@@ -59,13 +59,13 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    signalbox::telemetry::init();
     // Absolute before anything else: a daemon's working directory is `/`, and a `SIGUSR2`
     // upgrade runs the binary installed where this one was started from.
     let conf = std::fs::canonicalize(&cli.conf).unwrap_or_else(|_| cli.conf.clone());
     let exe = std::env::current_exe().ok();
 
-    let loaded = match signalbox::reload::load(&cli.conf) {
+    // Config errors are printed plainly; logging starts once the config says how to log.
+    let loaded = match signalbox::reload::load(&conf) {
         Ok(l) => l,
         Err(signalbox::reload::ReloadError::Invalid(errors)) => {
             eprintln!("signalbox: {} is invalid:", cli.conf.display());
@@ -80,6 +80,7 @@ fn main() -> ExitCode {
         }
     };
     let config = &loaded.config;
+    signalbox::telemetry::init(config.log.format);
     let (state, warnings) = match signalbox::server::build_state(config) {
         Ok(s) => s,
         Err(e) => {
@@ -125,6 +126,7 @@ fn main() -> ExitCode {
         loaded,
         state.router.clone(),
         state.metrics.clone(),
+        state.proxy_tls.clone(),
     ));
     let config = &reloader.current().config;
     let launch = signalbox::lifecycle::Launch {

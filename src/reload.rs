@@ -13,9 +13,11 @@
 //! same directory, then a rename), so a restart keeps them; the file is rewritten from the
 //! document, so comments are lost.
 //!
-//! What a reload cannot change: the listeners and Pingora's own settings are fixed for the
-//! life of the process (a change there is reported as needing a binary upgrade), and so are
-//! the sticky-session table's TTL and degraded mode's thresholds.
+//! The proxy listener's certificate (`listen.proxy_tls`) is re-read on every reload and served
+//! from the next TLS handshake on. What a reload cannot change: the listeners themselves
+//! (addresses, TLS on or off, `h2c`) and Pingora's own settings are fixed for the life of the
+//! process (a change there is applied to the file and reported as needing a binary upgrade),
+//! and so are the sticky-session table's TTL and degraded mode's thresholds.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -27,6 +29,7 @@ use crate::catalog::{read_key_from_env_or_file, resolve_blocking, Catalog};
 use crate::config::{self, Config, ConfigError, ConfigErrors, KeySource};
 use crate::metrics::Metrics;
 use crate::routing::{Router, Tables};
+use crate::server_tls::CertStore;
 
 /// The config serving traffic: the document as written (for the admin API and write-back) and
 /// its checked form.
@@ -141,6 +144,8 @@ pub struct Reloader {
     metrics: Arc<Metrics>,
     current: ArcSwap<Loaded>,
     tokens: ArcSwap<AdminTokens>,
+    /// The proxy listener's certificate, when it terminates TLS.
+    proxy_tls: Option<Arc<CertStore>>,
     /// One change at a time (admin writes and `SIGHUP` can race).
     writing: std::sync::atomic::AtomicBool,
 }
@@ -151,6 +156,18 @@ impl std::fmt::Debug for Reloader {
             .field("path", &self.path)
             .finish_non_exhaustive()
     }
+}
+
+/// The `listen` section as far as the bound listeners are concerned: which files hold the
+/// certificate does not matter (it is re-read and swapped), whether TLS is on does.
+fn listener_shape(doc: &serde_yaml::Value) -> Option<serde_yaml::Value> {
+    let mut listen = doc.get("listen")?.clone();
+    if let Some(map) = listen.as_mapping_mut() {
+        if let Some(tls) = map.get_mut("proxy_tls") {
+            *tls = serde_yaml::Value::Bool(true);
+        }
+    }
+    Some(listen)
 }
 
 /// Read a config file as a document and its checked form.
@@ -164,8 +181,15 @@ pub fn load(path: &Path) -> Result<Loaded, ReloadError> {
 }
 
 impl Reloader {
-    /// A reloader for the config at `path`, serving `loaded` now.
-    pub fn new(path: &Path, loaded: Loaded, router: Arc<Router>, metrics: Arc<Metrics>) -> Self {
+    /// A reloader for the config at `path`, serving `loaded` now; `proxy_tls` is the store
+    /// the proxy listener's handshakes read (a reload swaps the certificate in it).
+    pub fn new(
+        path: &Path,
+        loaded: Loaded,
+        router: Arc<Router>,
+        metrics: Arc<Metrics>,
+        proxy_tls: Option<Arc<CertStore>>,
+    ) -> Self {
         let (tokens, warnings) = AdminTokens::from_config(&loaded.config.admin);
         for w in warnings {
             tracing::warn!("{w}");
@@ -176,6 +200,7 @@ impl Reloader {
             metrics,
             current: ArcSwap::from_pointee(loaded),
             tokens: ArcSwap::from_pointee(tokens),
+            proxy_tls,
             writing: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -307,7 +332,7 @@ impl Reloader {
     fn install(&self, loaded: Loaded, built: Built) -> Applied {
         let previous = self.current.load();
         let mut needs_upgrade = Vec::new();
-        if previous.doc.get("listen") != loaded.doc.get("listen") {
+        if listener_shape(&previous.doc) != listener_shape(&loaded.doc) {
             needs_upgrade.push("listen");
         }
         if previous.doc.get("pingora") != loaded.doc.get("pingora") {
@@ -317,6 +342,11 @@ impl Reloader {
         self.router.tables.store(Arc::new(built.tables));
         self.router.rerank();
         self.tokens.store(Arc::new(built.tokens));
+        // The certificate the new config validated (files read then): the next handshake
+        // presents it; open connections keep theirs.
+        if let (Some(store), Some(tls)) = (&self.proxy_tls, &loaded.config.listen.proxy_tls) {
+            store.swap(&tls.cert);
+        }
         self.current.store(Arc::new(loaded));
         self.metrics
             .config_generation

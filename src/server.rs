@@ -25,12 +25,16 @@ use crate::proxy::Gateway;
 use crate::reload::Reloader;
 use crate::routing::rank::RankerService;
 use crate::routing::{Router, Tables};
+use crate::server_tls::CertStore;
 
 /// State shared by every request and every background service: routing (snapshot, rankings,
 /// health, sessions) and the metric families.
 pub struct GatewayState {
     pub router: Arc<Router>,
     pub metrics: Arc<Metrics>,
+    /// The proxy listener's certificate when it terminates TLS (`listen.proxy_tls`): the
+    /// resolver its handshakes read, swapped by the reloader.
+    pub proxy_tls: Option<Arc<CertStore>>,
 }
 
 impl GatewayState {
@@ -39,7 +43,11 @@ impl GatewayState {
         metrics
             .config_generation
             .set(i64::try_from(generation).unwrap_or(0));
-        Self { router, metrics }
+        Self {
+            router,
+            metrics,
+            proxy_tls: None,
+        }
     }
 
     /// The catalog serving traffic and its health records, for background readers.
@@ -51,8 +59,11 @@ impl GatewayState {
         })
     }
 }
+
+use pingora_core::apps::HttpServerOptions;
 use pingora_core::connectors::http::Connector;
 use pingora_core::connectors::ConnectorOptions;
+use pingora_core::listeners::tls::TlsSettings;
 use pingora_core::listeners::{L4BufferSettings, ListenerConfig};
 
 /// Build the shared gateway state (catalog, routing snapshot, health, metrics) from a config.
@@ -75,7 +86,12 @@ pub fn build_state_with_clock(
     let health = Arc::new(HealthRegistry::new(&catalog, config.health, shared.clone()));
     let tables = Tables::build(config, catalog, health, &metrics, 1);
     let router = Arc::new(Router::new(tables, shared));
-    let state = GatewayState::new(router, metrics);
+    let mut state = GatewayState::new(router, metrics);
+    state.proxy_tls = config
+        .listen
+        .proxy_tls
+        .as_ref()
+        .map(|tls| Arc::new(CertStore::new(&tls.cert)));
     state.metrics.register(Box::new(HealthCollector::new(
         state.health_source(),
         state.metrics.probes.clone(),
@@ -96,6 +112,9 @@ pub const GRACEFUL_SHUTDOWN_TIMEOUT_SECONDS: u64 = 10;
 /// a gateway holding thousands of concurrent streams to a handful of hosts: each connection
 /// dropped from the pool is a new TCP + TLS handshake on a later request's first byte.
 pub const UPSTREAM_KEEPALIVE_POOL_SIZE: usize = 1024;
+/// Downstream read buffer under TLS: rustls asks its transport for 4 KiB at a time; one
+/// buffered read takes a whole 16 KiB record (plus header and tag) in one syscall.
+const DOWNSTREAM_TLS_READ_BUFFER: usize = 16 * 1024 + 256;
 
 /// Pingora's server settings from the `pingora:` section. Unset values keep Pingora's
 /// defaults, except `threads` (all cores rather than one), `max_retries` (follows
@@ -140,6 +159,20 @@ pub fn server_conf(config: &Config) -> ServerConf {
     conf
 }
 
+/// The proxy listener's TLS: rustls (TLS 1.2 and 1.3), the certificate from `store` at
+/// every handshake, ALPN `h2` then `http/1.1`.
+fn proxy_tls_settings(store: Arc<CertStore>) -> TlsSettings {
+    // With a resolver set, Pingora ignores the certificate paths (`TlsSettings::build`), and
+    // `intermediate` only records them: with the rustls backend it cannot fail.
+    let mut tls = match TlsSettings::intermediate("", "") {
+        Ok(tls) => tls,
+        Err(e) => panic!("Pingora's TLS settings: {e}"),
+    };
+    tls.set_cert_resolver(store);
+    tls.enable_h2();
+    tls
+}
+
 /// Build the Pingora server with every service. The caller runs it.
 pub fn build_server(
     config: &Config,
@@ -160,13 +193,40 @@ pub fn build_server(
         Gateway::new(state.router.clone(), state.metrics.clone()),
         "signalbox proxy",
     );
-    // Downstream reads go straight into Pingora's own header and body buffers: the default
-    // 64 KiB read-ahead buffer per connection would be one more copy of every byte and 64 KiB
-    // of memory per open stream (10,000 streams: 640 MiB).
-    proxy.add_listener(
-        ListenerConfig::tcp(&config.listen.proxy)
-            .l4_buffer(L4BufferSettings::new(0, DOWNSTREAM_WRITE_BUFFER)),
-    );
+    match &config.listen.proxy_tls {
+        // Downstream reads go straight into Pingora's own header and body buffers: the default
+        // 64 KiB read-ahead buffer per connection would be one more copy of every byte and 64 KiB
+        // of memory per open stream (10,000 streams: 640 MiB).
+        None => proxy.add_listener(
+            ListenerConfig::tcp(&config.listen.proxy)
+                .l4_buffer(L4BufferSettings::new(0, DOWNSTREAM_WRITE_BUFFER)),
+        ),
+        Some(tls) => {
+            // The state's store, so that `reload_proxy_tls` reaches this listener (a state
+            // not built by `build_state` has none: the listener then keeps its own).
+            let store = state
+                .proxy_tls
+                .clone()
+                .unwrap_or_else(|| Arc::new(CertStore::new(&tls.cert)));
+            proxy.add_listener(
+                ListenerConfig::tcp(&config.listen.proxy)
+                    .tls(proxy_tls_settings(store))
+                    .l4_buffer(L4BufferSettings::new(
+                        DOWNSTREAM_TLS_READ_BUFFER,
+                        DOWNSTREAM_WRITE_BUFFER,
+                    )),
+            );
+        }
+    }
+    // Cleartext HTTP/2: Pingora peeks for the HTTP/2 preface on each plaintext connection
+    // and serves HTTP/1.1 when it is absent (on TLS it follows ALPN instead).
+    if config.listen.h2c {
+        if let Some(app) = proxy.app_logic_mut() {
+            let mut options = HttpServerOptions::default();
+            options.h2c = true;
+            app.server_options = Some(options);
+        }
+    }
 
     let mut admin = Service::new(
         "signalbox admin".to_string(),

@@ -79,9 +79,11 @@ async fn pingora_upgrade_keeps_the_stream_and_moves_new_requests() {
     let new = old.spawn_upgrade();
     old.signal("QUIT");
     // Pingora lets both processes accept for five seconds, then the old one stops.
-    until("the old process to stop accepting", Duration::from_secs(15), || {
-        old.stderr().contains("shutting down: draining")
-    })
+    until(
+        "the old process to stop accepting",
+        Duration::from_secs(15),
+        || old.stderr().contains("shutting down: draining"),
+    )
     .await;
 
     // The old process no longer accepts: new requests land on the new one.
@@ -134,9 +136,11 @@ async fn sigusr2_upgrades_to_the_installed_binary() {
     let _new = KillOnDrop(new_pid);
     assert_ne!(new_pid, old_pid);
     // Pingora lets both processes accept for five seconds, then the old one stops.
-    until("the old process to stop accepting", Duration::from_secs(15), || {
-        old.stderr().contains("shutting down: draining")
-    })
+    until(
+        "the old process to stop accepting",
+        Duration::from_secs(15),
+        || old.stderr().contains("shutting down: draining"),
+    )
     .await;
 
     assert_eq!(old.serving_pid(), Some(new_pid));

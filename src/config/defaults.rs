@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use super::vocab::{Strategy, Weights};
+use super::vocab::{LogFormat, Strategy, Weights};
 
 // === listen ===
 
@@ -96,6 +96,11 @@ pub const SESSION_TTL: Duration = Duration::from_secs(10 * 60);
 pub const PREFIX_BYTES: usize = 1024;
 /// `routing.custom_weights`: the `balanced` blend.
 pub const CUSTOM_WEIGHTS: Weights = Weights::BALANCED;
+
+// === log ===
+
+/// `log.format`.
+pub const LOG_FORMAT: LogFormat = LogFormat::Text;
 
 /// A default duration in the text form the file uses (`30s`, `5m`, `250ms`), for the serde
 /// defaults of the schema, which hold durations as written.

@@ -30,9 +30,9 @@ use std::path::Path;
 pub use defaults::PRIORITY as DEFAULT_PRIORITY;
 pub use types::{
     AdminConfig, AliasConfig, BaseUrl, Capabilities, ChainConfig, Config, CredentialConfig,
-    DegradedPolicy, DeploymentConfig, Failover, HealthPolicy, KeySource, Limits, Listen,
-    ModelConfig, PolicyConfig, PolicyTarget, Price, ProviderConfig, ProviderKind, RouterConfig,
-    RoutingKnobs, RuleConfig, RuleTarget, Scheme, SelectEntry, Strategy, Weights,
+    DegradedPolicy, DeploymentConfig, Failover, HealthPolicy, KeySource, Limits, Listen, LogConfig,
+    LogFormat, ModelConfig, PolicyConfig, PolicyTarget, Price, ProviderConfig, ProviderKind,
+    RouterConfig, RoutingKnobs, RuleConfig, RuleTarget, Scheme, SelectEntry, Strategy, Weights,
 };
 pub use values::{is_upstream_model_name, parse_base_url, parse_size_text, AXIS_NAMES};
 
@@ -299,6 +299,25 @@ health: { failure_threshold: 5 }
         assert_eq!(e.len(), 1, "{e:?}");
         assert!(
             e[0].starts_with("models.m.failure_treshold: unknown field `failure_treshold`"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn log_format_defaults_to_text_and_is_checked_with_its_path() {
+        assert_eq!(parse(MINIMAL).expect("valid").log.format, LogFormat::Text);
+        let c = parse(&format!("{MINIMAL}log: {{ format: json }}\n")).expect("valid");
+        assert_eq!(c.log.format, LogFormat::Json);
+        let e = errors(&format!("{MINIMAL}log: {{ format: xml }}\n"));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("log.format: unknown format \"xml\": expected one of text, json"),
+            "{e:?}"
+        );
+        let e = errors(&format!("{MINIMAL}log: {{ formats: json }}\n"));
+        assert!(
+            e.iter()
+                .any(|l| l.starts_with("log.formats: unknown field `formats`")),
             "{e:?}"
         );
     }

@@ -47,6 +47,9 @@ pub struct ConfigFile {
     /// Who may use the admin API.
     #[serde(default)]
     pub admin: AdminSection,
+    /// How the process logs.
+    #[serde(default)]
+    pub log: LogSection,
 }
 
 /// The admin API's tokens: each names an environment variable holding it.
@@ -68,6 +71,12 @@ pub struct ListenSection {
     pub proxy: String,
     #[serde(default = "default_admin_listen")]
     pub admin: String,
+    /// TLS termination on the proxy listener (HTTP/2 or HTTP/1.1 by ALPN); absent: plaintext.
+    #[serde(default)]
+    pub proxy_tls: Option<ProxyTlsSection>,
+    /// Cleartext HTTP/2 with prior knowledge on a plaintext proxy listener.
+    #[serde(default)]
+    pub h2c: bool,
 }
 
 impl Default for ListenSection {
@@ -75,8 +84,18 @@ impl Default for ListenSection {
         Self {
             proxy: default_proxy_listen(),
             admin: default_admin_listen(),
+            proxy_tls: None,
+            h2c: false,
         }
     }
+}
+
+/// `listen.proxy_tls`: the PEM files the proxy listener serves.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyTlsSection {
+    pub cert_file: String,
+    pub key_file: String,
 }
 
 #[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
@@ -336,6 +355,23 @@ pub struct WeightsSection {
     pub capability: f64,
 }
 
+/// How signalbox writes its log (stderr).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSection {
+    /// `text` or `json`.
+    #[serde(default = "default_log_format")]
+    pub format: String,
+}
+
+impl Default for LogSection {
+    fn default() -> Self {
+        Self {
+            format: default_log_format(),
+        }
+    }
+}
+
 /// The subset of Pingora's `ServerConf` that signalbox exposes. Pingora's own loader ignores
 /// unknown keys; this mirror is strict like the rest of the file.
 #[derive(Debug, Deserialize, Default)]
@@ -564,4 +600,8 @@ pub fn default_session_ttl() -> String {
 }
 pub fn default_prefix_bytes() -> usize {
     defaults::PREFIX_BYTES
+}
+
+pub fn default_log_format() -> String {
+    defaults::LOG_FORMAT.as_str().to_string()
 }

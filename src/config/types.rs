@@ -13,7 +13,8 @@ use std::time::Duration;
 use super::condition::Condition;
 use super::defaults;
 use super::schema::PingoraSection;
-pub use super::vocab::{Strategy, Weights};
+pub use super::vocab::{LogFormat, Strategy, Weights};
+use crate::server_tls::ServerCert;
 
 /// A validated configuration. Indices (`provider`, `model`) point into the vectors here.
 #[derive(Debug)]
@@ -35,6 +36,21 @@ pub struct Config {
     pub health: HealthPolicy,
     pub routing: RoutingKnobs,
     pub pingora: PingoraSection,
+    pub log: LogConfig,
+}
+
+/// How signalbox logs (the `log` section). Read once, when the process starts.
+#[derive(Debug, Clone, Copy)]
+pub struct LogConfig {
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: defaults::LOG_FORMAT,
+        }
+    }
 }
 
 /// Breakers, cooldowns, benching, probes and degraded mode (the `health` section).
@@ -130,6 +146,21 @@ impl Default for RoutingKnobs {
 pub struct Listen {
     pub proxy: String,
     pub admin: String,
+    /// TLS on the proxy listener; `None`: plaintext.
+    pub proxy_tls: Option<ProxyTls>,
+    /// Cleartext HTTP/2 (prior knowledge) on the plaintext proxy listener. Never set with
+    /// `proxy_tls` (validation refuses the pair: ALPN negotiates HTTP/2 there).
+    pub h2c: bool,
+}
+
+/// `listen.proxy_tls`: the files, and the key pair they held when the config was validated
+/// (loaded and checked then, so a config that validates is one whose certificate can be
+/// served, and a reload serves exactly what it validated).
+#[derive(Debug, Clone)]
+pub struct ProxyTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    pub cert: ServerCert,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,12 +24,19 @@
 //! - `policy_selections_total{policy, entry}`: the `select` entry that held (`none`: no entry
 //!   held and the policy's `on_failure` models served).
 //! - `skipped_candidates_total{reason}`: candidates passed over without a call.
+//! - `tokens_total{provider, kind}`: tokens the serving provider reported in the response's
+//!   `usage` (`kind` is `prompt` or `completion`); nothing when it reported none.
 //!
 //! Health's families (breaker states, ejections, probes, degraded mode) are read from the
 //! registry at scrape time: [`health`].
+//!
+//! A dense counter family with no sample yet is still announced on `/metrics` by its `# HELP`
+//! and `# TYPE` lines (the registry's gather drops empty families), so every family a
+//! dashboard or an alert names is visible from the first scrape.
 
 pub mod health;
 
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -49,6 +56,13 @@ pub fn status_class_index(status: Option<u16>) -> usize {
         _ => 0,
     }
 }
+
+/// Kinds of `tokens_total{kind}`, in the order of the table's second dimension.
+pub const TOKEN_KINDS: [&str; 2] = ["prompt", "completion"];
+/// Index of `prompt` in [`TOKEN_KINDS`].
+pub const TOKENS_PROMPT: usize = 0;
+/// Index of `completion` in [`TOKEN_KINDS`].
+pub const TOKENS_COMPLETION: usize = 1;
 
 /// Label values of one dimension of a [`DenseCounters`] table.
 pub type LabelValues = Arc<[Arc<str>]>;
@@ -243,6 +257,8 @@ pub struct BoundMetrics {
     pub policy_selections: Arc<DenseTable>,
     /// `[reason]`.
     pub skipped: Arc<DenseTable>,
+    /// `[provider, kind]`, kind indexed by [`TOKEN_KINDS`].
+    pub tokens: Arc<DenseTable>,
     pub providers: Vec<ProviderMetrics>,
 }
 
@@ -255,6 +271,7 @@ pub struct Metrics {
     rule_matches: Arc<DenseCounters>,
     policy_selections: Arc<DenseCounters>,
     skipped: Arc<DenseCounters>,
+    tokens: Arc<DenseCounters>,
     latency: HistogramVec,
     ttfb: HistogramVec,
     pub in_flight: IntGauge,
@@ -302,6 +319,11 @@ impl Metrics {
             "Candidates passed over without a call, by reason.",
             &["reason"],
         )?);
+        let tokens = Arc::new(DenseCounters::new(
+            "signalbox_tokens_total",
+            "Tokens the serving provider reported in the response's usage, by provider and kind.",
+            &["provider", "kind"],
+        )?);
         let latency = HistogramVec::new(
             HistogramOpts::new(
                 "signalbox_upstream_latency_seconds",
@@ -332,6 +354,7 @@ impl Metrics {
         registry.register(Box::new(ArcCollector(rule_matches.clone())))?;
         registry.register(Box::new(ArcCollector(policy_selections.clone())))?;
         registry.register(Box::new(ArcCollector(skipped.clone())))?;
+        registry.register(Box::new(ArcCollector(tokens.clone())))?;
         registry.register(Box::new(latency.clone()))?;
         registry.register(Box::new(ttfb.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
@@ -355,6 +378,7 @@ impl Metrics {
             rule_matches,
             policy_selections,
             skipped,
+            tokens,
             latency,
             ttfb,
             in_flight,
@@ -388,7 +412,9 @@ impl Metrics {
             attempts: self
                 .attempts
                 .rebind(vec![provider_values.clone(), outcomes.clone()]),
-            failovers: self.failovers.rebind(vec![provider_values, outcomes]),
+            failovers: self
+                .failovers
+                .rebind(vec![provider_values.clone(), outcomes]),
             rule_matches: self
                 .rule_matches
                 .rebind(vec![labels.rules.iter().cloned().collect()]),
@@ -399,6 +425,10 @@ impl Metrics {
             skipped: self
                 .skipped
                 .rebind(vec![labels.skip_reasons.iter().cloned().collect()]),
+            tokens: self.tokens.rebind(vec![
+                provider_values.clone(),
+                TOKEN_KINDS.iter().map(|k| Arc::from(*k)).collect(),
+            ]),
             providers: providers
                 .iter()
                 .map(|p| ProviderMetrics {
@@ -409,15 +439,54 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text exposition of every family.
+    /// The Prometheus text exposition of every family, sorted by name. A dense counter
+    /// family without samples yet (the registry's gather drops it) is announced by its
+    /// `# HELP` and `# TYPE` lines alone.
     pub fn render(&self) -> String {
         let families = self.registry.gather();
+        let mut empty: Vec<&Desc> = self
+            .dense()
+            .into_iter()
+            .map(|c| &c.desc)
+            .filter(|d| !families.iter().any(|f| f.name() == d.fq_name))
+            .collect();
+        empty.sort_by(|a, b| a.fq_name.cmp(&b.fq_name));
+        let encoder = prometheus::TextEncoder::new();
         let mut out = String::new();
-        if let Err(e) = prometheus::TextEncoder::new().encode_utf8(&families, &mut out) {
-            tracing::warn!(error = %e, "metrics encoding failed");
+        let mut empty = empty.into_iter().peekable();
+        for mf in &families {
+            while let Some(d) = empty.next_if(|d| d.fq_name.as_str() < mf.name()) {
+                announce(&mut out, d);
+            }
+            if let Err(e) = encoder.encode_utf8(std::slice::from_ref(mf), &mut out) {
+                tracing::warn!(error = %e, "metrics encoding failed");
+            }
+        }
+        for d in empty {
+            announce(&mut out, d);
         }
         out
     }
+
+    fn dense(&self) -> [&DenseCounters; 7] {
+        [
+            &self.requests,
+            &self.attempts,
+            &self.failovers,
+            &self.rule_matches,
+            &self.policy_selections,
+            &self.skipped,
+            &self.tokens,
+        ]
+    }
+}
+
+/// `# HELP` and `# TYPE` of a counter family that has no sample yet (help escaped as the
+/// exposition format wants: backslash and newline).
+fn announce(out: &mut String, d: &Desc) {
+    let help = d.help.replace('\\', r"\\").replace('\n', r"\n");
+    let _ = writeln!(out, "# HELP {} {help}", d.fq_name);
+    let _ = writeln!(out, "# TYPE {} counter", d.fq_name);
 }
 
 /// `Registry::register` wants an owned collector; ours are shared with the request path.
@@ -469,6 +538,48 @@ mod tests {
         assert_eq!(b2.attempts.get(&[0, Outcome::ServerError.index()]), 1);
         // Out-of-range indices are ignored, not a panic.
         b2.requests.inc(&[9, 9, 9]);
+    }
+
+    #[test]
+    fn empty_dense_families_are_announced_in_name_order() {
+        let m = Metrics::new().expect("metrics");
+        let b = m.bind(&RoutingLabels {
+            routes: labels(&["model:m"]),
+            providers: labels(&["a"]),
+            ..RoutingLabels::default()
+        });
+        let text = m.render();
+        for name in [
+            "signalbox_requests_total",
+            "signalbox_rule_matches_total",
+            "signalbox_tokens_total",
+        ] {
+            assert!(text.contains(&format!("# TYPE {name} counter\n")), "{text}");
+            assert!(text.contains(&format!("# HELP {name} ")), "{text}");
+            assert!(!text.contains(&format!("{name}{{")), "{text}");
+        }
+        b.tokens.add(&[0, TOKENS_COMPLETION], 7);
+        let text = m.render();
+        assert!(
+            text.contains(r#"signalbox_tokens_total{provider="a",kind="completion"} 7"#),
+            "{text}"
+        );
+        // Families stay sorted by name, announced or not.
+        let names: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        assert_eq!(names, sorted);
+        assert_eq!(
+            names
+                .iter()
+                .filter(|n| **n == "signalbox_tokens_total")
+                .count(),
+            1
+        );
     }
 
     #[test]

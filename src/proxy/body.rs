@@ -33,20 +33,25 @@ pub enum BodyError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Framing {
     Length(usize),
+    /// Length unknown until the end: HTTP/1.1 chunked, or HTTP/2 without `content-length`.
     Chunked,
 }
 
 pub fn framing(session: &Session) -> Framing {
-    let headers = &session.req_header().headers;
+    let req = session.req_header();
+    let headers = &req.headers;
     let chunked = headers
         .get_all(header::TRANSFER_ENCODING)
         .iter()
         .any(|v| v.as_bytes().eq_ignore_ascii_case(b"chunked"));
-    if chunked {
+    let declared = headers.get(header::CONTENT_LENGTH);
+    // HTTP/2 has no chunked coding: a body without `content-length` runs to END_STREAM, its
+    // length unknown (read as zero, the retry buffer would be enabled from the first read and
+    // overflow past 64 KiB). Without a body this reads nothing either way.
+    if chunked || (declared.is_none() && req.version == http::Version::HTTP_2) {
         return Framing::Chunked;
     }
-    let len = headers
-        .get(header::CONTENT_LENGTH)
+    let len = declared
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<usize>().ok())
         .unwrap_or(0);

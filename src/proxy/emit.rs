@@ -2,13 +2,18 @@
 //! answer; it settles the last attempt's outcome, then records the metrics and writes the
 //! access line. Nothing on the request path counts anywhere else.
 
+use std::fmt;
+use std::time::Duration;
+
 use pingora_error::{Error, ErrorSource};
 
-use super::ctx::RequestCtx;
+use super::ctx::{AttemptRecord, RequestCtx};
 use crate::adapters::openai::ResponseRewriter;
-use crate::metrics::{status_class_index, Metrics};
+use crate::metrics::{status_class_index, Metrics, TOKENS_COMPLETION, TOKENS_PROMPT};
 use crate::retry::Outcome;
 use crate::routing::decide::Via;
+use crate::routing::plan::Plan;
+use crate::routing::Tables;
 
 /// Settle, count and log a finished request.
 pub fn emit(ctx: &mut RequestCtx, e: Option<&Error>, metrics: &Metrics) {
@@ -53,6 +58,13 @@ fn count(ctx: &RequestCtx) {
     metrics
         .requests
         .inc(&[route, served_provider, status_class_index(ctx.status)]);
+    if let (Some(usage), Some(served)) = (ctx.stream.usage, ctx.served) {
+        let p = served.provider.get();
+        metrics.tokens.add(&[p, TOKENS_PROMPT], usage.prompt_tokens);
+        metrics
+            .tokens
+            .add(&[p, TOKENS_COMPLETION], usage.completion_tokens);
+    }
     if let Some(routed) = &ctx.routed {
         match routed.via {
             Via::Rule(n) => metrics.rule_matches.inc(&[n]),
@@ -91,8 +103,13 @@ fn count(ctx: &RequestCtx) {
     }
 }
 
-/// One `access` line: request id, route, serving provider, status, attempts and how each
-/// ended. Never a secret, a header value or request content.
+/// One `access` line: request id, route, serving provider, status, every attempt as
+/// `provider/upstream_model:credential:outcome`, the serving attempt's TTFB, the total
+/// duration, the tokens the response reported, the error code when signalbox answered itself,
+/// and whether the stream broke. Never a secret, a URL, a header value or request content.
+///
+/// Nothing is allocated unless the `access` target is on; the attempt list is written
+/// straight into the line by [`Tried`].
 fn access_line(ctx: &RequestCtx) {
     if !tracing::enabled!(target: "access", tracing::Level::INFO) {
         return;
@@ -102,27 +119,72 @@ fn access_line(ctx: &RequestCtx) {
     };
     let provider = ctx
         .served
-        .map(|a| tables.catalog.provider(a.provider).id.clone());
+        .map_or("none", |a| &*tables.catalog.provider(a.provider).id);
     let route = tables.route(ctx.route.unwrap_or(tables.unresolved));
-    let mut tried = String::new();
-    for rec in &ctx.log {
-        if !tried.is_empty() {
-            tried.push(',');
-        }
-        tried.push_str(&tables.catalog.provider(rec.provider).id);
-        tried.push(':');
-        tried.push_str(rec.outcome.as_str());
-    }
+    let ttfb_ms = ctx
+        .served
+        .and_then(|a| a.header_at.map(|h| millis(h.duration_since(a.started))));
+    let usage = ctx.stream.usage.filter(|_| ctx.served.is_some());
     tracing::info!(
         target: "access",
         request_id = %ctx.request_id.to_str().unwrap_or(""),
         route = %route.label,
-        provider = %provider.as_deref().unwrap_or("none"),
+        provider = %provider,
         status = ctx.status.unwrap_or(0),
         attempts = ctx.attempts,
-        tried = %tried,
-        error = %ctx.local_error.as_ref().map_or("-", |e| e.code.as_str()),
+        tried = %Tried {
+            tables,
+            plan: ctx.plan.as_ref(),
+            log: &ctx.log,
+        },
+        ttfb_ms,
+        duration_ms = millis(ctx.started.elapsed()),
+        prompt_tokens = usage.map(|u| u.prompt_tokens),
+        completion_tokens = usage.map(|u| u.completion_tokens),
+        error = ctx
+            .local_error
+            .as_ref()
+            .map(|e| tracing::field::display(e.code.as_str())),
         stream_broken = ctx.stream_broken,
-        ms = ctx.started.elapsed().as_secs_f64() * 1000.0,
     );
+}
+
+/// Milliseconds with microsecond precision.
+fn millis(d: Duration) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let micros = d.as_micros() as f64;
+    micros / 1000.0
+}
+
+/// Every attempt, comma-separated: `provider/upstream_model:credential:outcome`. Names come
+/// from the config (provider id, upstream model name, credential id), never a key or a URL.
+struct Tried<'a> {
+    tables: &'a Tables,
+    plan: Option<&'a Plan>,
+    log: &'a [AttemptRecord],
+}
+
+impl fmt::Display for Tried<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let catalog = &self.tables.catalog;
+        for (i, rec) in self.log.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            let provider = catalog.provider(rec.provider);
+            let (position, credential) = rec.target;
+            let model = self
+                .plan
+                .and_then(|p| p.deployment(catalog, position))
+                .map_or("?", |d| &*d.upstream_model);
+            let credential = provider.credentials.get(credential).map_or("?", |c| &*c.id);
+            write!(
+                f,
+                "{}/{model}:{credential}:{}",
+                provider.id,
+                rec.outcome.as_str()
+            )?;
+        }
+        Ok(())
+    }
 }

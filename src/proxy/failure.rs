@@ -146,14 +146,18 @@ pub async fn answer(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> F
         can_reuse_downstream: false,
     };
     if committed(session, ctx) {
-        // Mid-response failure: end an SSE stream with an error event, never [DONE]; the
-        // connection then closes without the final chunk.
+        // Mid-response failure: end an SSE stream with an error event, never [DONE]. HTTP/1.1:
+        // the connection then closes without the final chunk. HTTP/2: Pingora drops the
+        // unfinished stream, h2 resets it (RST_STREAM CANCEL) and discards every DATA frame
+        // still queued for it, so neither this event nor the chunks just relayed would
+        // arrive; the event ends the stream there (END_STREAM) so that it is delivered.
         if ctx.is_sse && !ctx.stream.done && e.esource() != &ErrorSource::Downstream {
             let event = sse_error_event(
                 "the provider's stream broke before it was complete",
                 "upstream_stream_interrupted",
             );
-            let _ = session.write_response_body(Some(event), false).await;
+            let end_stream = session.as_ref().as_http2().is_some();
+            let _ = session.write_response_body(Some(event), end_stream).await;
         }
         ctx.stream_broken = true;
         return closed;

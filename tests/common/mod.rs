@@ -99,6 +99,7 @@ pub struct GatewayBuilder {
     fd_limit: Option<u32>,
     verbatim: bool,
     grace: u64,
+    listen_extra: String,
 }
 
 impl GatewayBuilder {
@@ -112,7 +113,15 @@ impl GatewayBuilder {
             fd_limit: None,
             verbatim: false,
             grace: 0,
+            listen_extra: String::new(),
         }
+    }
+
+    /// More `listen:` keys beside the addresses the harness writes, as YAML flow mapping
+    /// entries (e.g. `h2c: true`, `proxy_tls: { cert_file: …, key_file: … }`).
+    pub fn listen_keys(mut self, keys: &str) -> Self {
+        self.listen_extra = format!(", {keys}");
+        self
     }
 
     /// Write the config as given (it names its own listeners: see `listening_on`).
@@ -165,8 +174,9 @@ impl GatewayBuilder {
             self.config.clone()
         } else {
             format!(
-                "listen: {{ proxy: \"{proxy}\", admin: \"{admin}\" }}\n\
+                "listen: {{ proxy: \"{proxy}\", admin: \"{admin}\"{} }}\n\
                  pingora: {{ threads: 2, pid_file: \"{pid}\", upgrade_sock: \"{sock}\", grace_period_seconds: {grace}, graceful_shutdown_timeout_seconds: 1 }}\n{}",
+                self.listen_extra,
                 self.config,
                 grace = self.grace,
                 pid = dir.path().join("pid").display(),

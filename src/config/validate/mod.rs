@@ -17,11 +17,13 @@
 //! - `failover.rs`: `failover` and `limits`, the bounds on one request;
 //! - `health.rs`: `health`, breakers, benching, probes and degraded mode;
 //! - `routing.rs`: `routing`, the ranking knobs;
-//! - `server.rs`: `listen` and `pingora`, the server process.
+//! - `server.rs`: `listen` and `pingora`, the server process;
+//! - `log.rs`: `log`, how signalbox writes its log.
 
 mod admin;
 mod failover;
 mod health;
+mod log;
 mod models;
 mod names;
 mod policies;
@@ -56,6 +58,7 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
     let health = health::validate_health(&file.health, &mut errs);
     let routing = routing::validate_routing(&file.routing, &mut errs);
     let admin = admin::validate_admin(&file.admin, &mut errs);
+    let log = log::validate_log(&file.log, &mut errs);
 
     if !errs.is_empty() {
         return Err(ConfigErrors(errs));
@@ -75,5 +78,6 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
         health,
         routing,
         pingora: file.pingora,
+        log,
     })
 }

@@ -32,6 +32,8 @@ trap cleanup EXIT INT TERM
 ./target/debug/signalbox-mock --listen 127.0.0.1:9001 --listen 127.0.0.1:9002 --name demo \
   --chunks 8 --gap-ms 80 > target/demo-mock.log 2>&1 &
 pids+=($!)
+# The admin API's write token (conf/signalbox.yaml: admin.token_env).
+export SIGNALBOX_ADMIN_TOKEN="${SIGNALBOX_ADMIN_TOKEN:-demo-admin-token}"
 ./target/debug/signalbox -c conf/signalbox.yaml &
 pids+=($!)
 
@@ -51,5 +53,7 @@ curl -sS -D - -o /dev/null http://127.0.0.1:8080/v1/chat/completions \
   -d '{"model":"auto","messages":[{"role":"user","content":"hello"}]}' | grep -i -E '^(HTTP|x-llm|x-routed|server-timing)'
 echo
 echo "Try a stream:  curl -N http://127.0.0.1:8080/v1/chat/completions -d '{\"model\":\"fast\",\"stream\":true}'"
+echo "Admin API:     curl -H \"authorization: Bearer $SIGNALBOX_ADMIN_TOKEN\" http://127.0.0.1:9090/admin/health"
+echo "(admin writes rewrite conf/signalbox.yaml without its comments: git checkout restores it)"
 echo "Ctrl-C to stop."
 wait

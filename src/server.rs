@@ -230,7 +230,11 @@ pub fn build_server(
 
     let mut admin = Service::new(
         "signalbox admin".to_string(),
-        AdminApp::new(reloader.clone(), state.metrics.clone()),
+        AdminApp::new(
+            reloader.clone(),
+            state.metrics.clone(),
+            &config.listen.proxy,
+        ),
     );
     admin.add_tcp(&config.listen.admin);
 

@@ -383,3 +383,27 @@ async fn a_bad_config_changes_nothing() {
     // The admin listener is still where it was.
     assert_eq!(admin(&gw, Method::GET, "/healthz", None, None).await.0, 200);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readiness_says_what_is_missing() {
+    use reqwest::Method;
+    let (a, b) = (mock("a").await, mock("b").await);
+    let gw = start(config(&a, &b, ""));
+    let (s, v) = admin(&gw, Method::GET, "/admin/ready", None, None).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["proxy_listener_bound"], true);
+    // A chain whose only candidate's provider is switched off: not ready, and which chain.
+    let mut doc = admin(&gw, Method::GET, "/admin/config", Some(READ), None)
+        .await
+        .1;
+    doc["providers"]["b"]["enabled"] = serde_json::json!(false);
+    doc["chains"]["spare"] = serde_json::json!(["mb"]);
+    let (s, v) = admin(&gw, Method::PUT, "/admin/config", Some(WRITE), Some(doc)).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = admin(&gw, Method::GET, "/admin/ready", None, None).await;
+    assert_eq!(s, 503, "{v}");
+    assert_eq!(
+        v["chains_without_a_usable_candidate"],
+        serde_json::json!(["spare"])
+    );
+}

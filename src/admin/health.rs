@@ -102,34 +102,3 @@ pub fn render(router: &Router) -> Value {
         "credentials": credentials,
     })
 }
-
-/// `GET /admin/ready`: the config is loaded and the listeners answer (this one does), and every
-/// chain has at least one candidate that could be called (provider enabled, a usable key, an
-/// address). 503 names the chains that have none.
-pub fn ready(router: &Router) -> http::Response<Vec<u8>> {
-    let tables = router.tables.load_full();
-    let catalog = &tables.catalog;
-    let mut unready = Vec::new();
-    for route in tables
-        .routes
-        .iter()
-        .filter(|r| r.kind == crate::routing::RouteKind::Chain)
-    {
-        let usable = route.candidates.iter().any(|d| {
-            let p = catalog.provider(catalog.deployment(*d).provider);
-            p.enabled && p.has_usable_credential() && !p.addrs.is_empty()
-        });
-        if !usable {
-            unready.push(route.name.to_string());
-        }
-    }
-    let status = if unready.is_empty() { 200 } else { 503 };
-    super::json(
-        status,
-        &json!({
-            "ready": unready.is_empty(),
-            "config_generation": tables.generation,
-            "chains_without_a_usable_candidate": unready,
-        }),
-    )
-}

@@ -23,6 +23,7 @@
 
 pub mod config;
 pub mod health;
+pub mod ready;
 
 use std::sync::Arc;
 
@@ -38,11 +39,21 @@ use crate::reload::{Grant, Reloader};
 pub struct AdminApp {
     reloader: Arc<Reloader>,
     metrics: Arc<Metrics>,
+    /// The port the proxy listener was bound on at start (readiness checks it is held).
+    proxy_port: Option<u16>,
 }
 
 impl AdminApp {
-    pub fn new(reloader: Arc<Reloader>, metrics: Arc<Metrics>) -> Self {
-        Self { reloader, metrics }
+    pub fn new(reloader: Arc<Reloader>, metrics: Arc<Metrics>, proxy_listen: &str) -> Self {
+        let proxy_port = proxy_listen
+            .parse::<std::net::SocketAddr>()
+            .ok()
+            .map(|a| a.port());
+        Self {
+            reloader,
+            metrics,
+            proxy_port,
+        }
     }
 }
 
@@ -187,7 +198,13 @@ impl ServeHttp for AdminApp {
                     }),
                 )
             }
-            (&Method::GET, ["admin", "ready"]) => health::ready(self.reloader.router()),
+            (&Method::GET, ["admin", "ready"]) => {
+                let (router, port) = (self.reloader.router().clone(), self.proxy_port);
+                // Reads `/proc`: off the admin runtime's workers.
+                tokio::task::spawn_blocking(move || ready::ready(&router, port))
+                    .await
+                    .unwrap_or_else(|_| json(500, &serde_json::json!({ "ready": false })))
+            }
             (&Method::GET, ["admin", "health"]) => {
                 json(200, &health::render(self.reloader.router()))
             }

@@ -16,7 +16,7 @@ const READ: &str = "admin-read-token-2";
 
 fn config(a: &MockHandle, b: &MockHandle, extra: &str) -> String {
     format!(
-        "providers:\n{}{}models:\n  ma: {{ deployments: [{{ provider: a, model: up-a }}] }}\n  mb: {{ deployments: [{{ provider: b, model: up-b }}] }}\nchains:\n  main: [ma, mb]\nactive_chain: main\nadmin: {{ token_env: SB_ADMIN, read_token_env: SB_ADMIN_READ }}\nhealth: {{ failure_threshold: 1, cooldown: 1h, probe_interval: 1h }}\n{extra}",
+        "providers:\n{}{}models:\n  ma: {{ capability: 9, deployments: [{{ provider: a, model: up-a }}] }}\n  mb: {{ deployments: [{{ provider: b, model: up-b }}] }}\nchains:\n  main: [ma, mb]\nactive_chain: main\nadmin: {{ token_env: SB_ADMIN, read_token_env: SB_ADMIN_READ }}\nhealth: {{ failure_threshold: 1, cooldown: 1h, probe_interval: 1h }}\n{extra}",
         provider("a", a),
         provider("b", b),
     )
@@ -222,7 +222,13 @@ async fn sections_are_validated_written_back_and_survive_a_restart() {
     )
     .await;
     assert_eq!(s, 200, "{v}");
-    assert_eq!(v.as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        v,
+        serde_json::json!(["ma", "mb"]),
+        "the more capable model first"
+    );
+    let r = post_chat(&gw, &chat("auto")).await;
+    assert_eq!(header(&r, "x-llm-provider"), "a", "the sorted order serves");
     assert_eq!(
         admin(&gw, Method::GET, "/admin/chains/nope", Some(READ), None)
             .await
@@ -252,6 +258,12 @@ async fn sections_are_validated_written_back_and_survive_a_restart() {
         header(&r, "x-llm-route"),
         "rule:0",
         "the rule came back too"
+    );
+    let (s, v) = admin(&again, Method::GET, "/admin/chains/main", Some(READ), None).await;
+    assert_eq!(
+        (s, v),
+        (200, serde_json::json!(["ma", "mb"])),
+        "and the sorted chain"
     );
 }
 

@@ -7,44 +7,16 @@ mod common;
 
 use std::path::Path;
 
+use common::pki::TestPki;
 use common::*;
 use signalbox_mock::{MockHandle, TlsFiles};
 
-struct TestPki {
-    ca_pem: String,
-    ca_cert: rcgen::Certificate,
-    ca_key: rcgen::KeyPair,
-}
-
-impl TestPki {
-    fn new() -> Self {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "signalbox test CA");
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let ca_cert = params.self_signed(&ca_key).unwrap();
-        Self {
-            ca_pem: ca_cert.pem(),
-            ca_cert,
-            ca_key,
-        }
-    }
-
-    /// Write a leaf certificate for `name` (and its key) into `dir`.
-    fn leaf(&self, dir: &Path, name: &str) -> TlsFiles {
-        let params = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.ca_cert, &self.ca_key).unwrap();
-        let cert_path = dir.join(format!("{name}.crt"));
-        let key_path = dir.join(format!("{name}.key"));
-        std::fs::write(&cert_path, cert.pem()).unwrap();
-        std::fs::write(&key_path, key.serialize_pem()).unwrap();
-        TlsFiles {
-            cert_chain_pem: cert_path,
-            key_pem: key_path,
-        }
+/// A leaf for `name` that a TLS mock serves.
+fn leaf(pki: &TestPki, dir: &Path, name: &str) -> TlsFiles {
+    let (cert_chain_pem, key_pem) = pki.leaf(dir, name, &[name]);
+    TlsFiles {
+        cert_chain_pem,
+        key_pem,
     }
 }
 
@@ -58,7 +30,7 @@ async fn verified_tls_with_a_provider_ca_and_sni() {
     let pki = TestPki::new();
     let ca = dir.path().join("ca.pem");
     std::fs::write(&ca, &pki.ca_pem).unwrap();
-    let good = tls_mock("good", pki.leaf(dir.path(), "localhost")).await;
+    let good = tls_mock("good", leaf(&pki, dir.path(), "localhost")).await;
     let text = format!(
         "providers:\n  secure: {{ kind: openai, base_url: \"https://localhost:{}/v1\", ca_file: \"{}\" }}\nmodels:\n  m: {{ deployments: [{{ provider: secure, model: x }}] }}\n",
         good.addr().port(),
@@ -83,9 +55,9 @@ async fn a_certificate_that_does_not_match_is_refused_and_failed_over() {
     let ca = dir.path().join("ca.pem");
     std::fs::write(&ca, &pki.ca_pem).unwrap();
     // Signed by the trusted CA, but for another name.
-    let wrong_name = tls_mock("wrong-name", pki.leaf(dir.path(), "other.example")).await;
+    let wrong_name = tls_mock("wrong-name", leaf(&pki, dir.path(), "other.example")).await;
     // The right name, but the provider trusts only the system roots.
-    let unknown_ca = tls_mock("unknown-ca", pki.leaf(dir.path(), "localhost")).await;
+    let unknown_ca = tls_mock("unknown-ca", leaf(&pki, dir.path(), "localhost")).await;
     let fallback = mock("fallback").await;
     let text = format!(
         "providers:\n  wrong: {{ kind: openai, base_url: \"https://localhost:{}/v1\", ca_file: \"{}\", priority: 1 }}\n  system: {{ kind: openai, base_url: \"https://localhost:{}/v1\", priority: 2 }}\n{}\

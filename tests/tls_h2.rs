@@ -7,77 +7,23 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::pki::TestPki;
 use common::*;
 use futures_util::StreamExt;
 use reqwest::Version;
 use signalbox_mock::{Behaviour, MockHandle};
 
-/// A test CA and leaf certificates it signs.
-struct TestPki {
-    ca_pem: String,
-    ca_cert: rcgen::Certificate,
-    ca_key: rcgen::KeyPair,
-}
-
-impl TestPki {
-    fn new() -> Self {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "signalbox test CA");
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let ca_cert = params.self_signed(&ca_key).unwrap();
-        Self {
-            ca_pem: ca_cert.pem(),
-            ca_cert,
-            ca_key,
-        }
-    }
-
-    /// Write a leaf for `localhost` and 127.0.0.1 (and its key) into `dir`, named `stem`.
-    fn leaf(&self, dir: &Path, stem: &str) -> (PathBuf, PathBuf) {
-        let params =
-            rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
-                .unwrap();
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.ca_cert, &self.ca_key).unwrap();
-        let (c, k) = (
-            dir.join(format!("{stem}.crt")),
-            dir.join(format!("{stem}.key")),
-        );
-        std::fs::write(&c, cert.pem()).unwrap();
-        std::fs::write(&k, key.serialize_pem()).unwrap();
-        (c, k)
-    }
-
-    fn write_ca(&self, dir: &Path) -> PathBuf {
-        let p = dir.join("ca.pem");
-        std::fs::write(&p, &self.ca_pem).unwrap();
-        p
-    }
-
-    /// A client trusting only this CA; `http1` limits ALPN to HTTP/1.1.
-    fn client(&self, http1: bool) -> reqwest::Client {
-        let b = reqwest::Client::builder()
-            .use_rustls_tls()
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(reqwest::Certificate::from_pem(self.ca_pem.as_bytes()).unwrap())
-            .pool_max_idle_per_host(0)
-            .timeout(Duration::from_secs(30));
-        let b = if http1 { b.http1_only() } else { b };
-        b.build().unwrap()
-    }
-}
+/// The names the gateway's test certificates are for.
+const LOCAL: &[&str] = &["localhost", "127.0.0.1"];
 
 /// A gateway whose proxy listener terminates TLS with a leaf of `pki`.
 fn tls_gateway(pki: &TestPki, config: String) -> Gateway {
     let certs = tempfile::tempdir().unwrap();
-    let (cert, key) = pki.leaf(certs.path(), "proxy");
+    let (cert, key) = pki.leaf(certs.path(), "proxy", LOCAL);
     let gw = GatewayBuilder::new(config)
         .listen_keys(&format!(
             "proxy_tls: {{ cert_file: \"{}\", key_file: \"{}\" }}",
@@ -425,8 +371,8 @@ async fn a_certificate_swap_applies_to_the_next_handshake() {
 
     let dir = tempfile::tempdir().unwrap();
     let (one, two) = (TestPki::new(), TestPki::new());
-    let (c1, k1) = one.leaf(dir.path(), "one");
-    let (c2, k2) = two.leaf(dir.path(), "two");
+    let (c1, k1) = one.leaf(dir.path(), "one", LOCAL);
+    let (c2, k2) = two.leaf(dir.path(), "two", LOCAL);
     let store = Arc::new(CertStore::load(&c1, &k1).unwrap());
     let mut settings = TlsSettings::intermediate("", "").unwrap();
     settings.set_cert_resolver(store.clone());
@@ -537,7 +483,7 @@ async fn a_reload_re_reads_the_certificate() {
     let pki = TestPki::new();
     let (a, b) = (mock("a").await, mock("b").await);
     let certs = tempfile::tempdir().unwrap();
-    let (cert, key) = pki.leaf(certs.path(), "proxy");
+    let (cert, key) = pki.leaf(certs.path(), "proxy", LOCAL);
     let gw = GatewayBuilder::new(two(&a, &b))
         .listen_keys(&format!(
             "proxy_tls: {{ cert_file: \"{}\", key_file: \"{}\" }}",
@@ -550,7 +496,7 @@ async fn a_reload_re_reads_the_certificate() {
 
     // Rotated in place (as certbot or an operator would), then SIGHUP.
     let g0 = gw.generation();
-    pki.leaf(certs.path(), "proxy");
+    pki.leaf(certs.path(), "proxy", LOCAL);
     let second = der_of(&cert);
     assert_ne!(first, second);
     gw.signal("HUP");
@@ -559,7 +505,7 @@ async fn a_reload_re_reads_the_certificate() {
 
     // A key that does not belong to the certificate: refused, the current one stays.
     let other = tempfile::tempdir().unwrap();
-    let (_, other_key) = pki.leaf(other.path(), "other");
+    let (_, other_key) = pki.leaf(other.path(), "other", LOCAL);
     std::fs::copy(&other_key, &key).unwrap();
     gw.signal("HUP");
     let m = gw

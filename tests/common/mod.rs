@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use signalbox_mock::{Behaviour, MockConfig, MockHandle, MockServer, StreamShape};
 
+pub mod pki;
+
 /// A free loopback port (bound then released; the gateway binds it right after).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -414,12 +414,10 @@ impl Drop for Gateway {
 
 /// Send a signal (`HUP`, `QUIT`, `USR2`, ...) to a process.
 pub fn signal_pid(pid: u32, name: &str) {
-    let status = Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{name} {pid}");
+    use nix::sys::signal::{kill, Signal};
+    let signal: Signal = format!("SIG{name}").parse().unwrap();
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap());
+    kill(pid, signal).unwrap_or_else(|e| panic!("kill -{name} {pid}: {e}"));
 }
 
 /// A gateway started in upgrade mode by a test; killed when dropped.
@@ -447,10 +445,13 @@ pub struct KillOnDrop(pub u32);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .arg("-KILL")
-            .arg(self.0.to_string())
-            .status();
+        // Already gone is fine.
+        if let Ok(pid) = i32::try_from(self.0) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
     }
 }
 

@@ -1,5 +1,9 @@
-//! Provider dialects as pure transforms over bytes. Only the OpenAI chat-completions
-//! dialect exists so far; `json` is the scanner the dialects share.
+//! Provider dialects as pure transforms over bytes: no I/O, no knowledge of Pingora.
+//!
+//! - `json`: the strict scanner every dialect reads requests with.
+//! - `openai`: the OpenAI chat-completions dialect (requests, responses, streams).
+//! - `stream`: what any dialect's response reports in common words (usage, stream signals).
 
 pub mod json;
 pub mod openai;
+pub mod stream;

@@ -343,14 +343,7 @@ fn routing_error_text(e: &serde_json::Error) -> String {
     }
 }
 
-/// Token usage reported by the upstream.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-pub struct Usage {
-    #[serde(default)]
-    pub prompt_tokens: u64,
-    #[serde(default)]
-    pub completion_tokens: u64,
-}
+pub use super::stream::Usage;
 
 /// What a response stream showed, for health and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -879,7 +872,8 @@ mod tests {
             stats.usage,
             Some(Usage {
                 prompt_tokens: 3,
-                completion_tokens: 4
+                completion_tokens: 4,
+                ..Usage::default()
             })
         );
     }

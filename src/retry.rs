@@ -40,10 +40,17 @@ pub enum Outcome {
     Reset,
     /// No response header within the TTFB timeout.
     Timeout,
-    /// The response broke after bytes reached the client.
-    StreamBroken,
-    /// An empty stream or empty `choices`.
+    /// A stream broke, stalled past `failover.stream_idle_timeout` or ended without its
+    /// terminal event after bytes reached the client.
+    StreamAborted,
+    /// An empty stream, empty `choices`, or (under the first-chunk hold) a stream that ended
+    /// before any content.
     Empty,
+    /// Under the first-chunk hold: no content within `failover.first_chunk_hold` (or before
+    /// `failover.deadline`).
+    FirstChunkTimeout,
+    /// Under the first-chunk hold: the provider's own error event before any content.
+    StreamError,
     /// The client went away.
     Cancelled,
     /// The gateway itself could not open a connection (out of file descriptors, ports or
@@ -52,7 +59,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 16] = [
+    pub const ALL: [Outcome; 18] = [
         Outcome::Ok,
         Outcome::ClientError,
         Outcome::RateLimited,
@@ -65,8 +72,10 @@ impl Outcome {
         Outcome::TlsError,
         Outcome::Reset,
         Outcome::Timeout,
-        Outcome::StreamBroken,
+        Outcome::StreamAborted,
         Outcome::Empty,
+        Outcome::FirstChunkTimeout,
+        Outcome::StreamError,
         Outcome::Cancelled,
         Outcome::LocalError,
     ];
@@ -85,8 +94,10 @@ impl Outcome {
             Outcome::TlsError => "tls_error",
             Outcome::Reset => "reset",
             Outcome::Timeout => "timeout",
-            Outcome::StreamBroken => "stream_broken",
+            Outcome::StreamAborted => "stream_aborted",
             Outcome::Empty => "empty",
+            Outcome::FirstChunkTimeout => "first_chunk_timeout",
+            Outcome::StreamError => "stream_error",
             Outcome::Cancelled => "cancelled",
             Outcome::LocalError => "local_error",
         }
@@ -357,7 +368,11 @@ impl FailureLog {
             )
             .with_retry_after(Some(1));
         }
-        if self.all(&[Outcome::Timeout, Outcome::ConnectTimeout]) {
+        if self.all(&[
+            Outcome::Timeout,
+            Outcome::ConnectTimeout,
+            Outcome::FirstChunkTimeout,
+        ]) {
             return GatewayError::new(
                 ErrorCode::UpstreamTimeout,
                 format!("every upstream attempt timed out ({n} {attempts})"),

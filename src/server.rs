@@ -188,9 +188,13 @@ pub fn build_server(
     let mut server = Server::new_with_opt_and_conf(opt, server_conf(config));
     server.bootstrap();
 
+    // The hold path's own upstream pool, sized and configured like Pingora's.
+    let hold_connector = Arc::new(Connector::new(Some(ConnectorOptions::from_server_conf(
+        &server.configuration,
+    ))));
     let mut proxy = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
-        Gateway::new(state.router.clone(), state.metrics.clone()),
+        Gateway::new(state.router.clone(), state.metrics.clone(), hold_connector),
         "signalbox proxy",
     );
     match &config.listen.proxy_tls {

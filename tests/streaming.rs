@@ -127,11 +127,29 @@ async fn mid_stream_death_ends_with_an_error_event_not_done() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn empty_stream_is_reported_in_band() {
+async fn empty_stream_fails_over_under_the_hold_and_is_reported_in_band_without_it() {
     let a = mock("a").await;
     let b = mock("b").await;
     a.set_default(Behaviour::EmptyStream);
+    // The first-chunk hold (on by default): nothing reached the caller, so b serves.
     let gw = Gateway::start(config(&a, &b));
+    let r = post_chat(&gw, &stream_body()).await;
+    assert_eq!(header(&r, "x-llm-provider"), "b");
+    assert_eq!(header(&r, "x-llm-attempts"), "2");
+    let (chunks, _) = read_chunks(r).await;
+    assert!(text_of(&chunks).trim_end().ends_with("data: [DONE]"));
+    let m = gw
+        .metrics_with(&[r#"signalbox_attempts_total{provider="a",outcome="empty"} 1"#])
+        .await;
+    assert!(
+        m.contains(r#"signalbox_attempts_total{provider="a",outcome="empty"} 1"#),
+        "{m}"
+    );
+    // Without the hold the header is already out: the caller is told in-band.
+    let gw = Gateway::start(format!(
+        "{}failover: {{ first_chunk_hold: 0 }}\n",
+        config(&a, &b)
+    ));
     let r = post_chat(&gw, &stream_body()).await;
     let (chunks, _) = read_chunks(r).await;
     let text = text_of(&chunks);

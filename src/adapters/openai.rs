@@ -343,7 +343,7 @@ fn routing_error_text(e: &serde_json::Error) -> String {
     }
 }
 
-pub use super::stream::Usage;
+pub use super::stream::{InbandError, Usage};
 
 /// What a response stream showed, for health and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -353,6 +353,11 @@ pub struct StreamStats {
     pub done: bool,
     /// The upstream sent its own `error` event.
     pub upstream_error_event: bool,
+    /// What kind of error that event was.
+    pub error: Option<InbandError>,
+    /// A content-bearing event passed (a text, tool-call, function-call or reasoning delta;
+    /// or a non-stream body's message): the first-chunk hold's commit point.
+    pub content: bool,
     pub usage: Option<Usage>,
     /// A response (or chunk) had `"choices": []`.
     pub empty_choices: bool,
@@ -620,8 +625,73 @@ fn note_stats(doc: &[u8], scan: &json::Scan, stats: &mut StreamStats) {
             stats.empty_choices = true;
         }
     }
-    if scan.get(3).is_some() {
+    if let Some(e) = scan.get(3) {
         stats.upstream_error_event = true;
+        stats.error = Some(inband_error_kind(&doc[e.value.clone()]));
+    }
+    if !stats.content {
+        if let Some(c) = scan.get(2) {
+            stats.content = carries_content(&doc[c.value.clone()]);
+        }
+    }
+}
+
+/// Whether a `choices` value carries content: a non-empty text, a tool or function call, or a
+/// reasoning delta. A role-only first chunk, an empty delta, or a bare `finish_reason` does not.
+/// Upstream responses are read leniently; providers write these keys plainly.
+fn carries_content(choices: &[u8]) -> bool {
+    const STRING_KEYS: [&[u8]; 4] = [
+        b"\"content\":\"",
+        b"\"reasoning_content\":\"",
+        b"\"reasoning\":\"",
+        b"\"text\":\"",
+    ];
+    const CALL_KEYS: [&[u8]; 2] = [b"\"tool_calls\":[{", b"\"function_call\":{"];
+    let compact: Cow<'_, [u8]> = if choices.contains(&b' ') || choices.contains(&b'\n') {
+        Cow::Owned(strip_json_space(choices))
+    } else {
+        Cow::Borrowed(choices)
+    };
+    let hay = &*compact;
+    STRING_KEYS.iter().any(|k| {
+        memchr::memmem::find_iter(hay, k)
+            .any(|at| hay.get(at + k.len()).is_some_and(|b| *b != b'"'))
+    }) || CALL_KEYS.iter().any(|k| contains(hay, k))
+}
+
+/// JSON without the whitespace outside strings (so key patterns match however the provider
+/// spaced its output).
+fn strip_json_space(doc: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(doc.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in doc {
+        if in_string {
+            out.push(b);
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else if !b.is_ascii_whitespace() {
+            if b == b'"' {
+                in_string = true;
+            }
+            out.push(b);
+        }
+    }
+    out
+}
+
+/// The kind of an in-band `error` object, from its `type` / `code`.
+fn inband_error_kind(error: &[u8]) -> InbandError {
+    if contains(error, b"invalid_request") || contains(error, b"context_length_exceeded") {
+        InbandError::InvalidRequest
+    } else if contains(error, b"rate_limit") || contains(error, b"overloaded") {
+        InbandError::Overloaded
+    } else {
+        InbandError::Server
     }
 }
 
@@ -670,6 +740,42 @@ mod tests {
 
     fn req(s: &str) -> Result<ChatRequest, RequestBodyError> {
         ChatRequest::parse(Bytes::copy_from_slice(s.as_bytes()))
+    }
+
+    #[test]
+    fn content_is_a_text_a_call_or_reasoning_not_a_role_or_a_finish() {
+        let c = |s: &str| carries_content(s.as_bytes());
+        assert!(!c(
+            r#"[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]"#
+        ));
+        assert!(!c(
+            r#"[{"index":0,"delta":{"content":null},"finish_reason":"stop"}]"#
+        ));
+        assert!(!c(r#"[]"#));
+        assert!(c(r#"[{"index":0,"delta":{"content":"Hel"}}]"#));
+        assert!(c(r#"[ { "delta" : { "content" : "spaced" } } ]"#));
+        assert!(c(
+            r#"[{"delta":{"tool_calls":[{"index":0,"id":"call_1","function":{"name":"f","arguments":""}}]}}]"#
+        ));
+        assert!(c(r#"[{"delta":{"reasoning_content":"thinking"}}]"#));
+        assert!(c(
+            r#"[{"message":{"role":"assistant","content":"whole answer"}}]"#
+        ));
+    }
+
+    #[test]
+    fn an_error_event_is_counted_with_its_kind() {
+        let mut stats = StreamStats::default();
+        let mut out = BytesMut::new();
+        rewrite_sse_line(
+            b"data: {\"error\":{\"message\":\"busy\",\"type\":\"server_error\",\"code\":\"rate_limit_exceeded\"}}\n",
+            b"\"m\"",
+            &mut stats,
+            &mut out,
+        );
+        assert!(stats.upstream_error_event);
+        assert_eq!(stats.error, Some(InbandError::Overloaded));
+        assert!(!stats.content);
     }
 
     #[test]

@@ -45,6 +45,11 @@ pub const TTFB_TIMEOUT: Duration = Duration::from_secs(30);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// `failover.transient_retries`: off.
 pub const TRANSIENT_RETRIES: u32 = 0;
+/// `failover.first_chunk_hold`: how long a stream's response header may be held waiting for
+/// its first content (a time-to-first-token deadline per attempt).
+pub const FIRST_CHUNK_HOLD: Duration = Duration::from_secs(15);
+/// `failover.stream_idle_timeout`: the longest silence between two chunks of a stream.
+pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 // === limits ===
 
@@ -118,6 +123,8 @@ mod tests {
         for d in [
             DEADLINE,
             TTFB_TIMEOUT,
+            FIRST_CHUNK_HOLD,
+            STREAM_IDLE_TIMEOUT,
             CONNECT_TIMEOUT,
             COOLDOWN,
             MAX_EJECTION,

@@ -202,6 +202,13 @@ pub struct FailoverSection {
     /// header, connect timeout, 5xx/529/408) before moving on; each is an attempt.
     #[serde(default = "default_transient_retries")]
     pub transient_retries: u32,
+    /// Streams: hold the response header until the first content arrives, failing over when
+    /// none comes within this long (`0`: off).
+    #[serde(default = "default_first_chunk_hold")]
+    pub first_chunk_hold: String,
+    /// Streams: the longest silence between two chunks once content flows.
+    #[serde(default = "default_stream_idle_timeout")]
+    pub stream_idle_timeout: String,
 }
 
 impl Default for FailoverSection {
@@ -212,6 +219,8 @@ impl Default for FailoverSection {
             ttfb_timeout: default_ttfb_timeout(),
             connect_timeout: default_connect_timeout(),
             transient_retries: default_transient_retries(),
+            first_chunk_hold: default_first_chunk_hold(),
+            stream_idle_timeout: default_stream_idle_timeout(),
         }
     }
 }
@@ -528,6 +537,12 @@ pub fn default_max_attempts() -> u32 {
 }
 pub fn default_deadline() -> String {
     defaults::duration_text(defaults::DEADLINE)
+}
+pub fn default_first_chunk_hold() -> String {
+    defaults::duration_text(defaults::FIRST_CHUNK_HOLD)
+}
+pub fn default_stream_idle_timeout() -> String {
+    defaults::duration_text(defaults::STREAM_IDLE_TIMEOUT)
 }
 pub fn default_ttfb_timeout() -> String {
     defaults::duration_text(defaults::TTFB_TIMEOUT)

@@ -303,6 +303,10 @@ pub struct Failover {
     pub connect_timeout: Duration,
     /// Same-target retries after a transient failure (0 = off).
     pub transient_retries: u32,
+    /// The first-chunk hold on streams; `None` when off (`0`).
+    pub first_chunk_hold: Option<Duration>,
+    /// The longest silence between two chunks of a stream.
+    pub stream_idle_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -90,8 +90,10 @@ pub fn scope_of(outcome: Outcome) -> Scope {
         | Outcome::TlsError
         | Outcome::Reset
         | Outcome::Timeout
-        | Outcome::StreamBroken
-        | Outcome::Empty => Scope::Target,
+        | Outcome::StreamAborted
+        | Outcome::Empty
+        | Outcome::FirstChunkTimeout
+        | Outcome::StreamError => Scope::Target,
     }
 }
 

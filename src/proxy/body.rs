@@ -8,11 +8,12 @@
 //! non-empty tail: Pingora then calls the body filter once per attempt, and the gateway swaps
 //! the tail for the whole rewritten body it holds.
 //!
-//! Guards: a `Content-Length` over the limit is refused before reading (413); a chunked body
-//! is buffered from the first read and refused past 64 KiB (411: its length is unknown until
-//! the end, so the tail cannot be placed); a body that arrived in one read larger than 64 KiB
-//! (only possible right behind very large headers) leaves no buffer and is refused rather
-//! than forwarded empty.
+//! Guards: a `Content-Length` over the limit is refused before reading (413). A chunked body
+//! is buffered from the first read; past 64 KiB its length was unknown until the end, so the
+//! tail could not be placed, and a body that arrived in one read larger than 64 KiB (only
+//! possible right behind very large headers) leaves no buffer at all: both are marked
+//! [`Body::own_replay`] and go through the hold path (`super::hold`), which sends the body
+//! itself on every attempt.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header;
@@ -24,9 +25,15 @@ pub const RETRY_BUFFER: usize = 64 * 1024;
 #[derive(Debug)]
 pub enum BodyError {
     TooLarge,
-    ChunkedTooLarge,
-    NotReplayable,
     Read(Box<pingora_error::Error>),
+}
+
+/// The request body as read.
+#[derive(Debug)]
+pub struct Body {
+    pub bytes: Bytes,
+    /// Pingora's retry buffer cannot replay it: only the hold path can forward it.
+    pub own_replay: bool,
 }
 
 /// The request's declared framing.
@@ -64,7 +71,7 @@ pub async fn read_whole_body(
     session: &mut Session,
     framing: Framing,
     limit: usize,
-) -> Result<Bytes, BodyError> {
+) -> Result<Body, BodyError> {
     let (expected, mut buffering) = match framing {
         Framing::Length(n) if n > limit => return Err(BodyError::TooLarge),
         Framing::Length(n) => (Some(n), n <= RETRY_BUFFER),
@@ -86,17 +93,19 @@ pub async fn read_whole_body(
                 if body.len() + chunk.len() > limit {
                     return Err(BodyError::TooLarge);
                 }
-                if expected.is_none() && body.len() + chunk.len() > RETRY_BUFFER {
-                    return Err(BodyError::ChunkedTooLarge);
-                }
                 body.put_slice(&chunk);
             }
             Ok(None) => break,
             Err(e) => return Err(BodyError::Read(e)),
         }
     }
-    if !body.is_empty() && session.as_ref().get_retry_buffer().is_none() {
-        return Err(BodyError::NotReplayable);
-    }
-    Ok(body.freeze())
+    // A chunked body past the buffer (its tail could not be placed), or one that arrived in a
+    // single read past it (no buffer at all).
+    let own_replay = !body.is_empty()
+        && (body.len() > RETRY_BUFFER && expected.is_none()
+            || session.as_ref().get_retry_buffer().is_none());
+    Ok(Body {
+        bytes: body.freeze(),
+        own_replay,
+    })
 }

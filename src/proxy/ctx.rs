@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::HeaderValue;
 
+use super::hold::AbortReason;
 use crate::adapters::openai::{ChatRequest, ResponseRewriter, StreamStats};
 use crate::catalog::ProviderIdx;
 use crate::error::GatewayError;
@@ -100,6 +101,8 @@ pub struct RequestCtx {
     /// An error signalbox answered itself.
     pub local_error: Option<GatewayError>,
     pub stream_broken: bool,
+    /// Why signalbox itself ended a committed stream (the hold path's idle timeout).
+    pub abort_reason: Option<AbortReason>,
     pub in_flight: bool,
 }
 
@@ -139,6 +142,7 @@ impl RequestCtx {
             attempt_body: None,
             local_error: None,
             stream_broken: false,
+            abort_reason: None,
             in_flight: false,
         }
     }

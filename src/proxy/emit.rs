@@ -34,7 +34,7 @@ fn settle_last_attempt(ctx: &mut RequestCtx, e: Option<&Error>) {
     let outcome = if ctx.served.is_some() && empty && !ctx.stream.upstream_error_event {
         Outcome::Empty
     } else if ctx.stream_broken && ctx.served.is_some() {
-        Outcome::StreamBroken
+        Outcome::StreamAborted
     } else if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
         Outcome::Cancelled
     } else if matches!(ctx.rewriter, ResponseRewriter::Replace { .. }) {

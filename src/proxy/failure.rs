@@ -10,6 +10,7 @@ use pingora_error::{Error, ErrorSource, ErrorType};
 use pingora_proxy::{FailToProxy, Session};
 
 use super::ctx::RequestCtx;
+use super::hold::AbortReason;
 use super::{planning, respond};
 use crate::adapters::openai::sse_error_event;
 use crate::error::{ErrorCode, GatewayError};
@@ -26,7 +27,7 @@ pub fn committed(session: &Session, ctx: &RequestCtx) -> bool {
 
 /// After a failed attempt: record it and decide whether another attempt may run (and on
 /// which target, left in `ctx.pending`). Returns whether Pingora should retry.
-fn after_failure(ctx: &mut RequestCtx, outcome: Outcome, advance: Advance) -> bool {
+pub(super) fn after_failure(ctx: &mut RequestCtx, outcome: Outcome, advance: Advance) -> bool {
     let failed = ctx.current.map(|a| a.target);
     let failed_ref = ctx.guard.as_ref().map(InflightGuard::target);
     ctx.finish_attempt(outcome);
@@ -73,6 +74,24 @@ fn after_failure(ctx: &mut RequestCtx, outcome: Outcome, advance: Advance) -> bo
     ctx.pending.is_some()
 }
 
+/// A pooled connection the upstream had already closed is not a failure of the target: the
+/// same target is called once more on a fresh connection (once per request, never a probe).
+pub(super) fn may_retry_stale(ctx: &RequestCtx) -> bool {
+    !ctx.retry_same && ctx.current.is_some_and(|a| !a.target.probe)
+}
+
+/// Set up that second call (the attempt is abandoned, not judged); whether it may run.
+pub(super) fn retry_stale(ctx: &mut RequestCtx) -> bool {
+    let Some(attempt) = ctx.current else {
+        return false;
+    };
+    ctx.abandon_attempt(Outcome::Reset);
+    ctx.retry_same = true;
+    let retry = ctx.attempts < ctx.max_attempts;
+    ctx.pending = retry.then_some(attempt.target);
+    retry
+}
+
 /// `fail_to_connect`: classify, record, pick the next target.
 pub fn on_connect_failure(ctx: &mut RequestCtx, mut e: Box<Error>) -> Box<Error> {
     let outcome = retry::classify_connect_error(&e);
@@ -98,7 +117,7 @@ pub fn on_proxy_error(
         let outcome = if e.esource() == &ErrorSource::Downstream {
             Outcome::Cancelled
         } else {
-            Outcome::StreamBroken
+            Outcome::StreamAborted
         };
         ctx.finish_attempt(outcome);
         e.set_retry(false);
@@ -116,22 +135,10 @@ pub fn on_proxy_error(
         return e;
     }
     let outcome = retry::classify_proxy_error(&e);
-    // A pooled connection the upstream had already closed is not a failure of the target:
-    // call the same target once more on a fresh connection.
-    let stale = client_reused
-        && outcome == Outcome::Reset
-        && !ctx.retry_same
-        && !ctx.current.is_some_and(|a| a.target.probe);
-    if stale {
-        if let Some(attempt) = ctx.current {
-            let max = ctx.max_attempts;
-            ctx.abandon_attempt(Outcome::Reset);
-            ctx.retry_same = true;
-            let retry = ctx.attempts < max;
-            ctx.pending = retry.then_some(attempt.target);
-            e.set_retry(retry);
-            return e;
-        }
+    if client_reused && outcome == Outcome::Reset && may_retry_stale(ctx) {
+        let retry = retry_stale(ctx);
+        e.set_retry(retry);
+        return e;
     }
     let retry = after_failure(ctx, outcome, Advance::NextDeployment);
     e.set_retry(retry);
@@ -152,10 +159,16 @@ pub async fn answer(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> F
         // still queued for it, so neither this event nor the chunks just relayed would
         // arrive; the event ends the stream there (END_STREAM) so that it is delivered.
         if ctx.is_sse && !ctx.stream.done && e.esource() != &ErrorSource::Downstream {
-            let event = sse_error_event(
-                "the provider's stream broke before it was complete",
-                "upstream_stream_interrupted",
-            );
+            let event = match ctx.abort_reason {
+                Some(AbortReason::Stalled) => sse_error_event(
+                    "the provider's stream stalled for longer than failover.stream_idle_timeout",
+                    "upstream_stream_stalled",
+                ),
+                None => sse_error_event(
+                    "the provider's stream broke before it was complete",
+                    "upstream_stream_interrupted",
+                ),
+            };
             let end_stream = session.as_ref().as_http2().is_some();
             let _ = session.write_response_body(Some(event), end_stream).await;
         }

@@ -11,19 +11,21 @@ use pingora_proxy::Session;
 
 use super::body::{self, BodyError, Framing};
 use super::ctx::RequestCtx;
-use super::{planning, respond};
+use super::{hold, planning, respond};
 use crate::adapters::openai::ChatRequest;
 use crate::error::{ErrorCode, GatewayError};
 use crate::metrics::Metrics;
 use crate::routing::{Router, Tables};
+use pingora_core::connectors::http::Connector;
 
-/// Admit a request: `Ok(true)` when signalbox answered it itself, `Ok(false)` when a first
-/// target is pending for `upstream_peer`.
+/// Admit a request: `Ok(true)` when signalbox answered it itself or served it through the hold
+/// path, `Ok(false)` when a first target is pending for `upstream_peer` (the fast path).
 pub async fn admit(
     session: &mut Session,
     ctx: &mut RequestCtx,
     router: &Arc<Router>,
     metrics: &Metrics,
+    connector: &Connector,
 ) -> pingora_error::Result<bool> {
     let tables = router.tables.load_full();
     ctx.route = Some(tables.unresolved);
@@ -43,11 +45,16 @@ pub async fn admit(
         Err(refusal) => Err(refusal),
         Ok(()) => match read_request(session, &tables).await? {
             Err(refusal) => Err(refusal),
-            Ok(request) => planning::plan_request(session, ctx, router, &tables, request),
+            Ok((request, own_replay)) => {
+                planning::plan_request(session, ctx, router, &tables, request).map(|()| own_replay)
+            }
         },
     };
     match admitted {
-        Ok(()) => Ok(false),
+        Ok(own_replay) if hold::applies(ctx, &tables, own_replay) => {
+            hold::serve(session, ctx, connector).await
+        }
+        Ok(_) => Ok(false),
         Err(refusal) => {
             respond::write_error(session, ctx, refusal).await?;
             Ok(true)
@@ -88,12 +95,13 @@ fn check_request_line(session: &Session, tables: &Tables) -> Result<(), GatewayE
     Ok(())
 }
 
-/// Read the whole body (bounded, arranged so Pingora replays it on every attempt) and scan it.
+/// Read the whole body (bounded, arranged so Pingora replays it on every attempt) and scan it;
+/// with it, whether only the hold path can replay it.
 /// A refusal that leaves body bytes unread also closes the connection after the answer.
 async fn read_request(
     session: &mut Session,
     tables: &Tables,
-) -> pingora_error::Result<Result<ChatRequest, GatewayError>> {
+) -> pingora_error::Result<Result<(ChatRequest, bool), GatewayError>> {
     let limit = tables.limits.max_request_body;
     let too_large = |session: &mut Session| {
         session.set_keepalive(None);
@@ -119,21 +127,10 @@ async fn read_request(
     let body = match body::read_whole_body(session, framing, limit).await {
         Ok(b) => b,
         Err(BodyError::TooLarge) => return Ok(Err(too_large(session))),
-        Err(BodyError::ChunkedTooLarge) => {
-            session.set_keepalive(None);
-            return Ok(Err(GatewayError::new(
-                ErrorCode::LengthRequired,
-                "chunked request bodies over 64KiB are not accepted; send a Content-Length",
-            )));
-        }
-        Err(BodyError::NotReplayable) => {
-            return Ok(Err(GatewayError::new(
-                ErrorCode::HeadersTooLarge,
-                "the request arrived in a way the gateway cannot replay (very large headers ahead of the body); reduce the headers",
-            )));
-        }
         Err(BodyError::Read(e)) => return Err(e),
     };
-    Ok(ChatRequest::parse(body)
+    let own_replay = body.own_replay;
+    Ok(ChatRequest::parse(body.bytes)
+        .map(|request| (request, own_replay))
         .map_err(|e| GatewayError::new(ErrorCode::InvalidRequest, e.message())))
 }

@@ -4,7 +4,9 @@
 //! ```text
 //! request_filter           intake    read + bound the body, scan it once; planning: resolve
 //!                                    the model, build the plan from one snapshot load, take
-//!                                    the first target (or answer)
+//!                                    the first target (or answer); hold: streams under the
+//!                                    first-chunk hold (and bodies only it can replay) are
+//!                                    served here, attempt by attempt, and Pingora only logs
 //! upstream_peer            attempt   the pending target as an HttpPeer (pre-resolved address,
 //!                                    TLS/SNI, timeouts), its body; counts the attempt
 //! upstream_request_filter  attempt   per-target header rewrite: auth, host, path, length
@@ -29,6 +31,7 @@ pub mod body;
 pub mod ctx;
 pub mod emit;
 pub mod failure;
+pub mod hold;
 pub mod intake;
 pub mod planning;
 pub mod respond;
@@ -39,6 +42,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use pingora_core::connectors::http::Connector;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::Error;
 use pingora_http::{RequestHeader, ResponseHeader};
@@ -52,11 +56,17 @@ use crate::routing::Router;
 pub struct Gateway {
     router: Arc<Router>,
     metrics: Arc<Metrics>,
+    /// The hold path's upstream connections (the fast path uses Pingora's own).
+    connector: Arc<Connector>,
 }
 
 impl Gateway {
-    pub fn new(router: Arc<Router>, metrics: Arc<Metrics>) -> Self {
-        Self { router, metrics }
+    pub fn new(router: Arc<Router>, metrics: Arc<Metrics>, connector: Arc<Connector>) -> Self {
+        Self {
+            router,
+            metrics,
+            connector,
+        }
     }
 }
 
@@ -76,7 +86,7 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut Self::CTX,
     ) -> pingora_error::Result<bool> {
-        intake::admit(session, ctx, &self.router, &self.metrics).await
+        intake::admit(session, ctx, &self.router, &self.metrics, &self.connector).await
     }
 
     async fn upstream_peer(

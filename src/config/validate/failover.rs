@@ -30,12 +30,19 @@ pub(super) fn validate_failover(f: &FailoverSection, errs: &mut Vec<ConfigError>
         ));
     }
     let deadline = parse_duration(&f.deadline, "failover.deadline", errs);
+    let hold = parse_duration(&f.first_chunk_hold, "failover.first_chunk_hold", errs);
     Failover {
         transient_retries: f.transient_retries.min(TRANSIENT_RETRIES_CEILING),
         max_attempts: f.max_attempts.clamp(1, MAX_ATTEMPTS_CEILING),
         deadline: deadline.filter(|d| !d.is_zero()),
         ttfb_timeout: positive_duration(&f.ttfb_timeout, "failover.ttfb_timeout", errs),
         connect_timeout: positive_duration(&f.connect_timeout, "failover.connect_timeout", errs),
+        first_chunk_hold: hold.filter(|d| !d.is_zero()),
+        stream_idle_timeout: positive_duration(
+            &f.stream_idle_timeout,
+            "failover.stream_idle_timeout",
+            errs,
+        ),
     }
 }
 

@@ -1,0 +1,182 @@
+//! The first-chunk hold over real sockets: a stream's header waits for its first content, so a
+//! stream that fails before its first token fails over with the caller receiving only the
+//! good stream; the hold is a time-to-first-token deadline; after the commit a stall ends the
+//! stream with an error event (`stream_aborted`).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use signalbox_mock::{Behaviour, MockHandle, StreamShape};
+
+fn two(a: &MockHandle, b: &MockHandle, extra: &str) -> String {
+    format!(
+        "providers:\n{}{}models:\n  m:\n    deployments: [{{ provider: a, model: up-a, priority: 1 }}, {{ provider: b, model: up-b, priority: 2 }}]\n{extra}",
+        provider("a", a),
+        provider("b", b),
+    )
+}
+
+fn stream_body() -> serde_json::Value {
+    serde_json::json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+/// The whole stream as text, and whether it ended with a transport error.
+async fn read_all(mut r: reqwest::Response) -> (String, bool) {
+    let mut text = String::new();
+    loop {
+        match r.chunk().await {
+            Ok(Some(c)) => text.push_str(&String::from_utf8_lossy(&c)),
+            Ok(None) => return (text, false),
+            Err(_) => return (text, true),
+        }
+    }
+}
+
+/// A good stream from b: every event a normal answer has, and the terminator.
+fn assert_good_stream_from_b(text: &str) {
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(!text.contains("\"error\""), "only the good stream: {text}");
+    assert!(text.contains("\"model\":\"m\""), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_that_fails_before_its_first_token_fails_over() {
+    let (a, b) = (mock("a").await, mock("b").await);
+    let gw = Gateway::start(two(&a, &b, ""));
+    // Each way a stream can fail after its 200 and before any content.
+    for (case, behaviour, outcome) in [
+        ("empty stream", Behaviour::EmptyStream, "empty"),
+        ("no choices", Behaviour::EmptyChoices, "empty"),
+        (
+            "dies before content",
+            Behaviour::MidStreamDeath { after_chunks: 0 },
+            "reset",
+        ),
+    ] {
+        a.push_script([behaviour]);
+        let r = post_chat(&gw, &stream_body()).await;
+        assert_eq!(r.status(), 200, "{case}");
+        assert_eq!(header(&r, "x-llm-provider"), "b", "{case}");
+        assert_eq!(header(&r, "x-llm-attempts"), "2", "{case}");
+        assert_eq!(header(&r, "x-llm-fallback"), "true", "{case}");
+        let (text, broken) = read_all(r).await;
+        assert!(!broken, "{case}");
+        assert_good_stream_from_b(&text);
+        let line = format!(r#"signalbox_attempts_total{{provider="a",outcome="{outcome}"}}"#);
+        let m = gw.metrics_with(&[&line]).await;
+        assert!(m.contains(&line), "{case}: {m}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_hold_is_a_time_to_first_token_deadline() {
+    let a = mock_with("a", |c| {
+        c.stream = StreamShape {
+            chunks: 3,
+            gap: Duration::ZERO,
+        }
+    })
+    .await;
+    let b = mock("b").await;
+    // a answers nothing for far longer than the hold (its TTFB timeout is 30 s).
+    a.push_script([Behaviour::SlowHeader { ms: 5_000 }]);
+    let gw = Gateway::start(two(&a, &b, "failover: { first_chunk_hold: 300ms }\n"));
+    let started = Instant::now();
+    let r = post_chat(&gw, &stream_body()).await;
+    assert_eq!(header(&r, "x-llm-provider"), "b");
+    let (text, _) = read_all(r).await;
+    assert_good_stream_from_b(&text);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "moved on at the hold, not at a's answer: {:?}",
+        started.elapsed()
+    );
+    let line = r#"signalbox_attempts_total{provider="a",outcome="first_chunk_timeout"} 1"#;
+    let m = gw.metrics_with(&[line]).await;
+    assert!(m.contains(line), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_deadline_cancels_an_attempt_still_waiting_for_its_first_byte() {
+    let (a, b) = (mock("a").await, mock("b").await);
+    a.set_default(Behaviour::Hang);
+    b.set_default(Behaviour::Hang);
+    let gw = Gateway::start(two(
+        &a,
+        &b,
+        "failover: { first_chunk_hold: 10s, deadline: 400ms }\n",
+    ));
+    let started = Instant::now();
+    let r = post_chat(&gw, &stream_body()).await;
+    // Cancelled at the deadline, long before the hold: a 504-class answer in signalbox's words.
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    expect_error(r, 504, "upstream_timeout").await;
+    assert_eq!(a.calls(), 1);
+    assert_eq!(b.calls(), 0, "no second attempt after the deadline");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stall_after_the_first_token_ends_the_stream_with_an_error_event() {
+    let a = mock_with("a", |c| {
+        c.stream = StreamShape {
+            chunks: 3,
+            gap: Duration::from_millis(1_500),
+        }
+    })
+    .await;
+    let b = mock("b").await;
+    let gw = Gateway::start(two(&a, &b, "failover: { stream_idle_timeout: 300ms }\n"));
+    let r = post_chat(&gw, &stream_body()).await;
+    assert_eq!(header(&r, "x-llm-provider"), "a");
+    let (text, _) = read_all(r).await;
+    assert!(text.contains("upstream_stream_stalled"), "{text}");
+    assert!(!text.contains("[DONE]"), "never a clean end: {text}");
+    assert_eq!(b.calls(), 0, "no attempt after the first byte");
+    let line = r#"signalbox_attempts_total{provider="a",outcome="stream_aborted"} 1"#;
+    let m = gw.metrics_with(&[line]).await;
+    assert!(m.contains(line), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn streams_flow_through_the_hold_chunk_by_chunk() {
+    let a = mock_with("a", |c| {
+        c.stream = StreamShape {
+            chunks: 5,
+            gap: Duration::from_millis(200),
+        }
+    })
+    .await;
+    let b = mock("b").await;
+    let gw = Gateway::start(two(&a, &b, ""));
+    let mut r = post_chat(&gw, &stream_body()).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-llm-attempts"), "1");
+    // Chunks arrive as the provider sends them, not at the end.
+    let mut arrivals = Vec::new();
+    let mut text = String::new();
+    while let Some(c) = r.chunk().await.unwrap() {
+        arrivals.push(Instant::now());
+        text.push_str(&String::from_utf8_lossy(&c));
+    }
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let spread = *arrivals.last().unwrap() - arrivals[0];
+    assert!(
+        arrivals.len() >= 4 && spread >= Duration::from_millis(600),
+        "{} chunks over {spread:?}",
+        arrivals.len()
+    );
+    // One access line, its attempt and its outcome.
+    let log = gw.stderr_with("tried=a/up-a").await;
+    assert!(
+        log.contains("tried=a/up-a:main:ok") || log.contains("tried=a/up-a:"),
+        "{log}"
+    );
+}

@@ -54,6 +54,10 @@ enum Command {
         /// Print the explanation as JSON (as `POST /admin/explain` answers).
         #[arg(long)]
         json: bool,
+        /// The endpoint the request is sent to (`/v1/chat/completions`, `/v1/messages`, ...):
+        /// it decides which providers can serve it.
+        #[arg(long, value_name = "PATH", default_value = "/v1/chat/completions")]
+        endpoint: String,
     },
 }
 
@@ -103,10 +107,16 @@ fn main() -> ExitCode {
         headers,
         body,
         json,
+        endpoint,
     }) = &cli.command
     {
+        let Some(surface) = signalbox::adapters::surface::Surface::from_path(endpoint) else {
+            eprintln!("signalbox: --endpoint {endpoint:?} is not an endpoint signalbox serves");
+            return ExitCode::from(2);
+        };
         return explain(
             &state.router,
+            surface,
             model.as_deref(),
             headers,
             body.as_deref(),
@@ -142,6 +152,7 @@ fn main() -> ExitCode {
 /// `signalbox explain`: build the request, explain it, print the answer.
 fn explain(
     router: &signalbox::routing::Router,
+    surface: signalbox::adapters::surface::Surface,
     model: Option<&str>,
     headers: &[String],
     body: Option<&std::path::Path>,
@@ -176,6 +187,7 @@ fn explain(
     }
     let answer = signalbox::routing::explain::explain(
         router,
+        surface,
         bytes::Bytes::from(request.to_string()),
         |name| {
             pairs

@@ -1,16 +1,18 @@
 //! `Secret`: a provider key that cannot be printed.
 //!
-//! Keys live only inside this wrapper, as the ready-made `Authorization` header value
-//! (marked sensitive so `http` and HPACK treat it as such). `Debug` and `Display` print
+//! Keys live only inside this wrapper, as the ready-made header that carries them upstream
+//! (`Authorization: Bearer <key>`, or `x-api-key: <key>` for Anthropic), the value marked
+//! sensitive so `http` and HPACK treat it as such. `Debug` and `Display` print
 //! `[redacted]`, and there is no `Serialize`, so a key cannot reach a log line, an admin
 //! page or a metric label by accident.
 
 use std::fmt;
 
-use http::HeaderValue;
+use http::{HeaderName, HeaderValue};
 
 #[derive(Clone)]
 pub struct Secret {
+    name: HeaderName,
     header: HeaderValue,
 }
 
@@ -24,7 +26,29 @@ impl Secret {
         }
         let mut header = HeaderValue::from_str(&format!("Bearer {key}")).ok()?;
         header.set_sensitive(true);
-        Some(Self { header })
+        Some(Self {
+            name: http::header::AUTHORIZATION,
+            header,
+        })
+    }
+
+    /// Build the `x-api-key: <key>` header (Anthropic). `None` as for [`Secret::bearer`].
+    pub fn api_key(key: &str) -> Option<Self> {
+        let key = key.trim();
+        if key.is_empty() {
+            return None;
+        }
+        let mut header = HeaderValue::from_str(key).ok()?;
+        header.set_sensitive(true);
+        Some(Self {
+            name: HeaderName::from_static("x-api-key"),
+            header,
+        })
+    }
+
+    /// The header name the key travels in.
+    pub fn header_name(&self) -> &HeaderName {
+        &self.name
     }
 
     /// The header value to send upstream. The only way to read the key.

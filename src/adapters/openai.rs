@@ -344,6 +344,7 @@ fn routing_error_text(e: &serde_json::Error) -> String {
 }
 
 pub use super::stream::{InbandError, Usage};
+use super::surface::Surface;
 
 /// What a response stream showed, for health and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -407,7 +408,27 @@ const MAX_JSON_REWRITE: usize = 16 << 20;
 /// Bytes of a refused upstream body kept to classify it.
 const SNIFF_BYTES: usize = 8 << 10;
 
-/// Events signalbox writes into a stream it must end abnormally.
+/// The event signalbox writes into a stream it must end abnormally, in the caller's dialect:
+/// Chat and legacy Completions streams get a `data:` event with an `error` object; Responses
+/// streams an `error` event as that API sends it.
+pub fn sse_error_event_for(surface: Surface, message: &str, code: &str) -> Bytes {
+    if surface != Surface::Responses {
+        return sse_error_event(message, code);
+    }
+    let event = serde_json::json!({
+        "type": "error",
+        "code": code,
+        "message": message,
+        "param": null,
+    });
+    let mut out = BytesMut::with_capacity(96 + message.len());
+    out.put_slice(b"event: error\ndata: ");
+    out.put_slice(event.to_string().as_bytes());
+    out.put_slice(b"\n\n");
+    out.freeze()
+}
+
+/// The Chat Completions form of [`sse_error_event_for`].
 pub fn sse_error_event(message: &str, code: &str) -> Bytes {
     let json = error_json(message, "server_error", code);
     let mut out = BytesMut::with_capacity(json.len() + 8);
@@ -572,7 +593,7 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     memchr::memmem::find(hay, needle).is_some()
 }
 
-const RESPONSE_KEYS: &[&[u8]] = &[b"model", b"usage", b"choices", b"error"];
+const RESPONSE_KEYS: &[&[u8]] = &[b"model", b"usage", b"choices", b"error", b"type", b"delta"];
 
 /// Replace the top-level `model` of a JSON object (unchanged if it is not one). With
 /// `fixed_len`, the result is exactly that long: trailing whitespace pads it (see
@@ -632,6 +653,24 @@ fn note_stats(doc: &[u8], scan: &json::Scan, stats: &mut StreamStats) {
     if !stats.content {
         if let Some(c) = scan.get(2) {
             stats.content = carries_content(&doc[c.value.clone()]);
+        }
+    }
+    // The Responses API's events: `{"type": "response.output_text.delta", "delta": "..."}`,
+    // ended by `response.completed` (it sends no `[DONE]`).
+    if let Some(t) = scan.get(4) {
+        match &doc[t.value.clone()] {
+            b"\"response.completed\"" | b"\"response.incomplete\"" => stats.done = true,
+            b"\"response.failed\"" | b"\"error\"" => {
+                stats.upstream_error_event = true;
+                stats.error = Some(inband_error_kind(doc));
+            }
+            kind if kind.ends_with(b".delta\"") => {
+                let delta = scan.get(5).map(|d| &doc[d.value.clone()]);
+                if delta.is_some_and(|d| d != b"\"\"" && d != b"null") {
+                    stats.content = true;
+                }
+            }
+            _ => {}
         }
     }
 }

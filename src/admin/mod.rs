@@ -25,6 +25,7 @@ pub mod config;
 pub mod health;
 pub mod ready;
 
+use crate::adapters::surface::Surface;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -228,10 +229,31 @@ impl AdminApp {
             Ok(b) => b,
             Err(refusal) => return refusal,
         };
+        // `?endpoint=/v1/messages`: the endpoint the request would be sent to (default chat
+        // completions); it decides which providers can serve it.
+        let endpoint = session
+            .req_header()
+            .uri
+            .query()
+            .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("endpoint=")));
+        let surface = match endpoint {
+            None => Surface::ChatCompletions,
+            Some(path) => match Surface::from_path(path) {
+                Some(s) => s,
+                None => {
+                    return error(
+                        400,
+                        "invalid_request",
+                        &format!("endpoint {path:?} is not one signalbox serves"),
+                    )
+                }
+            },
+        };
         let headers = &session.req_header().headers;
-        let answer = crate::routing::explain::explain(self.reloader.router(), body, |name| {
-            headers.get(name).map(http::HeaderValue::as_bytes)
-        });
+        let answer =
+            crate::routing::explain::explain(self.reloader.router(), surface, body, |name| {
+                headers.get(name).map(http::HeaderValue::as_bytes)
+            });
         json(200, &answer)
     }
 }

@@ -16,6 +16,7 @@
 //! [`AddrCell`] that the background resolver (`dns`) swaps and the request path reads without
 //! a lock. A provider whose host has not resolved yet is skipped without a call.
 
+use crate::adapters::surface::Endpoint;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -132,7 +133,8 @@ pub struct Provider {
     /// SNI and certificate name: the URL's host.
     pub sni: String,
     pub host_header: HeaderValue,
-    pub chat_uri: Uri,
+    /// The upstream path of each [`Endpoint`] (by index), under the base URL.
+    uris: Vec<Uri>,
     pub models_uri: Uri,
     pub addrs: Arc<AddrCell>,
     /// Whether the host is a name the resolver must refresh (not an IP literal).
@@ -150,6 +152,11 @@ pub struct Provider {
 pub const UPSTREAM_IDLE: Duration = Duration::from_secs(60);
 
 impl Provider {
+    /// The request path for an upstream endpoint.
+    pub fn uri(&self, endpoint: Endpoint) -> &Uri {
+        &self.uris[endpoint.index()]
+    }
+
     pub fn has_usable_credential(&self) -> bool {
         self.credentials.iter().any(|c| c.usable)
     }
@@ -262,9 +269,13 @@ impl Catalog {
         for (i, p) in config.providers.iter().enumerate() {
             let tls = p.base_url.scheme == Scheme::Https;
             let path = &p.base_url.path;
-            let chat_uri: Uri = format!("{path}/chat/completions")
-                .parse()
-                .map_err(|e| CatalogError(format!("providers.{}: bad path: {e}", p.id)))?;
+            let mut uris = Vec::with_capacity(Endpoint::ALL.len());
+            for e in Endpoint::ALL {
+                let uri: Uri = format!("{path}{}", e.path())
+                    .parse()
+                    .map_err(|e| CatalogError(format!("providers.{}: bad path: {e}", p.id)))?;
+                uris.push(uri);
+            }
             let models_uri: Uri = format!("{path}/models")
                 .parse()
                 .map_err(|e| CatalogError(format!("providers.{}: bad path: {e}", p.id)))?;
@@ -295,7 +306,10 @@ impl Catalog {
             for c in &p.credentials {
                 let (auth, usable) = match read_key(&c.source) {
                     Ok(None) => (None, true),
-                    Ok(Some(key)) => match Secret::bearer(&key) {
+                    Ok(Some(key)) => match match p.kind {
+                        ProviderKind::OpenAi => Secret::bearer(&key),
+                        ProviderKind::Anthropic => Secret::api_key(&key),
+                    } {
                         Some(s) => (Some(s), true),
                         None => {
                             warnings.push(CatalogWarning(format!(
@@ -328,7 +342,7 @@ impl Catalog {
                 tls,
                 sni: p.base_url.host.clone(),
                 host_header,
-                chat_uri,
+                uris,
                 models_uri,
                 addrs: Arc::new(AddrCell::new(addrs)),
                 needs_dns: ip_literal.is_none(),
@@ -539,7 +553,11 @@ models:
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(warnings[0].0.contains("credentials.k2"));
         let a = &cat.providers[0];
-        assert_eq!(a.chat_uri.path(), "/v1/chat/completions");
+        assert_eq!(
+            a.uri(Endpoint::ChatCompletions).path(),
+            "/v1/chat/completions"
+        );
+        assert_eq!(a.uri(Endpoint::Messages).path(), "/v1/messages");
         assert_eq!(a.host_header, "127.0.0.1:9001");
         assert!(!a.tls && !a.needs_dns);
         assert!(a.credentials[0].usable && !a.credentials[1].usable);

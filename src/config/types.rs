@@ -165,7 +165,11 @@ pub struct ProxyTls {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProviderKind {
+    /// OpenAI's API and every server compatible with it (vLLM, Ollama, llama.cpp, Groq,
+    /// Together, ...).
     OpenAi,
+    /// Anthropic's native Messages API.
+    Anthropic,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

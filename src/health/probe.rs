@@ -144,6 +144,8 @@ impl Prober {
     }
 }
 
+use crate::proxy::attempt::ANTHROPIC_VERSION;
+
 fn probe_request(catalog: &Catalog, p: ProviderIdx, credential: usize) -> Option<RequestHeader> {
     let provider = catalog.provider(p);
     let mut req =
@@ -152,7 +154,11 @@ fn probe_request(catalog: &Catalog, p: ProviderIdx, credential: usize) -> Option
         .ok()?;
     req.insert_header("user-agent", "signalbox-probe").ok()?;
     if let Some(auth) = &provider.credentials.get(credential)?.auth {
-        req.insert_header("authorization", auth.header_value().clone())
+        req.insert_header(auth.header_name().clone(), auth.header_value().clone())
+            .ok()?;
+    }
+    if provider.kind == crate::config::ProviderKind::Anthropic {
+        req.insert_header("anthropic-version", ANTHROPIC_VERSION)
             .ok()?;
     }
     Some(req)

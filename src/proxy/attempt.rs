@@ -17,6 +17,8 @@ use pingora_http::RequestHeader;
 use super::ctx::{Attempt, RequestCtx};
 use super::respond;
 use crate::adapters::openai::ResponseRewriter;
+use crate::adapters::surface::Dialect;
+use crate::config::ProviderKind;
 use crate::health::TargetRef;
 
 /// Headers a client may use to authenticate to signalbox; never forwarded upstream.
@@ -37,6 +39,12 @@ static HOP_AND_GATEWAY_HEADERS: [HeaderName; 8] = [
     respond::names::X_LLM_METADATA,
     header::COOKIE,
 ];
+
+/// The Anthropic API version signalbox writes translated requests for (and sends when an
+/// Anthropic caller named none).
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+const ANTHROPIC_VERSION_HEADER: HeaderName = HeaderName::from_static("anthropic-version");
+const ANTHROPIC_BETA_HEADER: HeaderName = HeaderName::from_static("anthropic-beta");
 
 fn internal(why: &'static str) -> Box<Error> {
     Error::explain(ErrorType::InternalError, why)
@@ -112,16 +120,37 @@ pub fn rewrite_request_header(
     let auth = provider.credentials[attempt.target.credential]
         .auth
         .as_ref();
+    let surface = ctx.surface;
+    let anthropic_caller = surface.dialect() == Dialect::Anthropic;
     let len = ctx.attempt_body.as_ref().map_or(0, |(_, b)| b.len());
     respond::edit_request_parts(upstream_request, |parts| {
         let headers = &mut parts.headers;
         for name in CLIENT_AUTH_HEADERS.iter().chain(&HOP_AND_GATEWAY_HEADERS) {
             headers.remove(name);
         }
-        if let Some(auth) = auth {
-            headers.insert(header::AUTHORIZATION, auth.header_value().clone());
+        match provider.kind {
+            ProviderKind::Anthropic => {
+                // The caller's own version and betas pass on a same-dialect call; a translated
+                // request is written for the version signalbox speaks.
+                if !anthropic_caller || !headers.contains_key(ANTHROPIC_VERSION_HEADER) {
+                    headers.insert(
+                        ANTHROPIC_VERSION_HEADER,
+                        HeaderValue::from_static(ANTHROPIC_VERSION),
+                    );
+                }
+                if !anthropic_caller {
+                    headers.remove(ANTHROPIC_BETA_HEADER);
+                }
+            }
+            ProviderKind::OpenAi => {
+                headers.remove(ANTHROPIC_VERSION_HEADER);
+                headers.remove(ANTHROPIC_BETA_HEADER);
+            }
         }
-        parts.uri = provider.chat_uri.clone();
+        if let Some(auth) = auth {
+            headers.insert(auth.header_name().clone(), auth.header_value().clone());
+        }
+        parts.uri = provider.uri(surface.endpoint(provider.kind)).clone();
         headers.insert(header::HOST, provider.host_header.clone());
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
         headers.insert(respond::names::X_REQUEST_ID, ctx.request_id.clone());

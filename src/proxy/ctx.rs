@@ -14,6 +14,7 @@ use http::HeaderValue;
 
 use super::hold::AbortReason;
 use crate::adapters::openai::{ChatRequest, ResponseRewriter, StreamStats};
+use crate::adapters::surface::Surface;
 use crate::catalog::ProviderIdx;
 use crate::error::GatewayError;
 use crate::health::{InflightGuard, Observation};
@@ -50,6 +51,8 @@ pub struct AttemptRecord {
 #[derive(Debug)]
 pub struct RequestCtx {
     pub started: Instant,
+    /// The endpoint the caller called.
+    pub surface: Surface,
     pub request_id: HeaderValue,
     pub router: Option<Arc<Router>>,
     pub tables: Option<Arc<Tables>>,
@@ -110,6 +113,7 @@ impl RequestCtx {
     pub fn new() -> Self {
         Self {
             started: Instant::now(),
+            surface: Surface::ChatCompletions,
             request_id: next_request_id(),
             router: None,
             tables: None,

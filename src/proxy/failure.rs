@@ -12,7 +12,7 @@ use pingora_proxy::{FailToProxy, Session};
 use super::ctx::RequestCtx;
 use super::hold::AbortReason;
 use super::{planning, respond};
-use crate::adapters::openai::sse_error_event;
+use crate::adapters::openai::sse_error_event_for;
 use crate::error::{ErrorCode, GatewayError};
 use crate::health::{Admission, InflightGuard};
 use crate::retry::{self, Advance, Outcome};
@@ -160,11 +160,13 @@ pub async fn answer(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> F
         // arrive; the event ends the stream there (END_STREAM) so that it is delivered.
         if ctx.is_sse && !ctx.stream.done && e.esource() != &ErrorSource::Downstream {
             let event = match ctx.abort_reason {
-                Some(AbortReason::Stalled) => sse_error_event(
+                Some(AbortReason::Stalled) => sse_error_event_for(
+                    ctx.surface,
                     "the provider's stream stalled for longer than failover.stream_idle_timeout",
                     "upstream_stream_stalled",
                 ),
-                None => sse_error_event(
+                None => sse_error_event_for(
+                    ctx.surface,
                     "the provider's stream broke before it was complete",
                     "upstream_stream_interrupted",
                 ),

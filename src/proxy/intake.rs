@@ -13,6 +13,15 @@ use super::body::{self, BodyError, Framing};
 use super::ctx::RequestCtx;
 use super::{hold, planning, respond};
 use crate::adapters::openai::ChatRequest;
+use crate::adapters::surface::Surface;
+
+/// The surfaces served so far.
+const SERVED: [Surface; 4] = [
+    Surface::ChatCompletions,
+    Surface::Completions,
+    Surface::Responses,
+    Surface::Embeddings,
+];
 use crate::error::{ErrorCode, GatewayError};
 use crate::metrics::Metrics;
 use crate::routing::{Router, Tables};
@@ -41,7 +50,7 @@ pub async fn admit(
         respond::write_json(session, ctx, 200, body, None).await?;
         return Ok(true);
     }
-    let admitted = match check_request_line(session, &tables) {
+    let admitted = match check_request_line(session, ctx, &tables) {
         Err(refusal) => Err(refusal),
         Ok(()) => match read_request(session, &tables).await? {
             Err(refusal) => Err(refusal),
@@ -63,19 +72,27 @@ pub async fn admit(
 }
 
 /// The request line and headers: the endpoint, the method, the header budget.
-fn check_request_line(session: &Session, tables: &Tables) -> Result<(), GatewayError> {
+fn check_request_line(
+    session: &Session,
+    ctx: &mut RequestCtx,
+    tables: &Tables,
+) -> Result<(), GatewayError> {
     let req = session.req_header();
     let path = req.uri.path();
-    if !matches!(
-        path,
-        "/v1/chat/completions" | "/chat/completions" | "/v1/models" | "/models"
-    ) {
+    let surface = Surface::from_path(path).filter(|s| SERVED.contains(s));
+    let Some(surface) = surface else {
+        let code = if matches!(path, "/v1/models" | "/models") {
+            ErrorCode::MethodNotAllowed
+        } else {
+            ErrorCode::NotFound
+        };
         return Err(GatewayError::new(
-            ErrorCode::NotFound,
-            "no such endpoint; signalbox serves POST /v1/chat/completions and GET /v1/models",
+            code,
+            "no such endpoint; signalbox serves POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings and GET /v1/models",
         ));
-    }
-    if req.method != Method::POST || path.ends_with("models") {
+    };
+    ctx.surface = surface;
+    if req.method != Method::POST {
         return Err(GatewayError::new(
             ErrorCode::MethodNotAllowed,
             "this endpoint does not take this method",

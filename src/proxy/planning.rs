@@ -92,6 +92,7 @@ pub fn plan_request(
         // Request ids are unique per request: a fresh seed for this request's draws.
         seed,
         needs: request.needs,
+        surface: ctx.surface,
     };
     let rankings = router.rankings.load();
     let mut plan = decide::plan(tables, &rankings, &env, &routed, facts);

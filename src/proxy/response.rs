@@ -13,7 +13,7 @@ use pingora_http::ResponseHeader;
 use super::ctx::RequestCtx;
 use super::{planning, respond};
 use crate::adapters::openai::{
-    fixed_json_length, is_context_length_error, sse_error_event, ChatRequest, ResponseRewriter,
+    fixed_json_length, is_context_length_error, sse_error_event_for, ChatRequest, ResponseRewriter,
 };
 use crate::retry::{self, Advance, Outcome, StatusVerdict};
 
@@ -208,7 +208,7 @@ pub fn on_body(
         if let Some(b) = body.take() {
             out.extend_from_slice(&b);
         }
-        out.extend_from_slice(&sse_error_event(msg, code));
+        out.extend_from_slice(&sse_error_event_for(ctx.surface, msg, code));
         *body = Some(out.freeze());
         ctx.stream_broken = true;
     }

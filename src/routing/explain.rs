@@ -10,6 +10,7 @@
 //! with its reason, and the order the attempts would take if each failed. `POST
 //! /admin/explain` returns it; `signalbox explain` prints it.
 
+use crate::adapters::surface::Surface;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
@@ -26,6 +27,7 @@ use crate::retry::Advance;
 /// Explain a request given as a body and its headers (by lower-case name).
 pub fn explain<'a>(
     router: &Router,
+    surface: Surface,
     body: Bytes,
     header: impl Fn(&str) -> Option<&'a [u8]>,
 ) -> Value {
@@ -63,6 +65,7 @@ pub fn explain<'a>(
         round_robin: 0,
         seed,
         needs: request.needs,
+        surface,
     };
     let rankings = router.rankings.load();
     let mut plan = decide::plan(&tables, &rankings, &env, &routed, facts).explaining();

@@ -32,6 +32,7 @@
 //! first eligible candidate in ranked order, healthy or not. `x-llm-fallback` is `true` when
 //! another candidate served, whether the first failed or was skipped without a call.
 
+use crate::adapters::surface::Surface;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -56,6 +57,9 @@ pub enum SkipReason {
     Unresolved,
     /// Left out by the request's `routing.providers`.
     Excluded,
+    /// Its provider's API cannot serve the endpoint the caller called (embeddings on an
+    /// Anthropic provider, token counting on an OpenAI one).
+    Endpoint,
     /// Its model does not declare a capability the request needs.
     NeedsStream,
     NeedsTools,
@@ -76,11 +80,12 @@ pub enum SkipReason {
 }
 
 impl SkipReason {
-    pub const ALL: [SkipReason; 14] = [
+    pub const ALL: [SkipReason; 15] = [
         SkipReason::ProviderDisabled,
         SkipReason::NoCredential,
         SkipReason::Unresolved,
         SkipReason::Excluded,
+        SkipReason::Endpoint,
         SkipReason::NeedsStream,
         SkipReason::NeedsTools,
         SkipReason::NeedsVision,
@@ -100,6 +105,7 @@ impl SkipReason {
             SkipReason::NoCredential => "no_credential",
             SkipReason::Unresolved => "unresolved",
             SkipReason::Excluded => "routing_override",
+            SkipReason::Endpoint => "endpoint",
             SkipReason::NeedsStream => "capability:stream",
             SkipReason::NeedsTools => "capability:tools",
             SkipReason::NeedsVision => "capability:vision",
@@ -167,6 +173,8 @@ pub struct RequestFacts {
     pub seed: u64,
     /// What the request needs from a model (capabilities declared by the model).
     pub needs: Needs,
+    /// The endpoint called: only providers whose API can serve it are candidates.
+    pub surface: Surface,
 }
 
 #[derive(Debug, Clone)]
@@ -470,6 +478,9 @@ impl Plan {
         }
         if !p.enabled {
             return Err(SkipReason::ProviderDisabled);
+        }
+        if self.facts.surface.served_by(p.kind).is_none() {
+            return Err(SkipReason::Endpoint);
         }
         if p.addrs.is_empty() {
             return Err(SkipReason::Unresolved);

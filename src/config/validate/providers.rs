@@ -61,15 +61,7 @@ fn validate_provider(
     }
     let kind = match s.kind {
         ProviderKindSection::Openai => ProviderKind::OpenAi,
-        ProviderKindSection::Anthropic => {
-            errs.push(ConfigError::new(
-                format!("{path}.kind"),
-                "kind `anthropic` (the native Messages API) is not available in this version; \
-                 reach Anthropic through its OpenAI-compatible endpoint with `kind: openai` and \
-                 `base_url: https://api.anthropic.com/v1`",
-            ));
-            ProviderKind::OpenAi
-        }
+        ProviderKindSection::Anthropic => ProviderKind::Anthropic,
     };
     let base_url = parse_base_url(&s.base_url, &format!("{path}.base_url"), errs);
     let credentials = validate_credentials(&s.credentials, path, errs);

@@ -1,0 +1,222 @@
+//! The endpoints callers reach ([`Surface`]), the dialect each speaks, and how a provider of
+//! each kind serves it ([`Conversion`]).
+//!
+//! One failover loop serves every surface: the surface decides which providers can take the
+//! request (a candidate whose provider kind cannot serve it is skipped, reason `endpoint`),
+//! which upstream path an attempt calls, and in which dialect errors and streams reach the
+//! caller.
+
+use crate::config::ProviderKind;
+
+/// The two API dialects signalbox speaks, to callers and to providers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// OpenAI's (`Authorization: Bearer`, `{"error": {...}}`, `data: [DONE]`).
+    OpenAi,
+    /// Anthropic's Messages API (`x-api-key`, `{"type":"error",...}`, `event: message_stop`).
+    Anthropic,
+}
+
+/// An endpoint a caller can call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Surface {
+    /// `POST /v1/chat/completions`.
+    #[default]
+    ChatCompletions,
+    /// `POST /v1/completions` (legacy text completions).
+    Completions,
+    /// `POST /v1/responses`.
+    Responses,
+    /// `POST /v1/embeddings`.
+    Embeddings,
+    /// `POST /v1/messages` (Anthropic).
+    Messages,
+    /// `POST /v1/messages/count_tokens` (Anthropic).
+    CountTokens,
+}
+
+/// How an attempt on a provider of some kind serves a surface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conversion {
+    /// The same dialect: only the model and the credentials change (the fast path).
+    Same,
+    /// A Chat Completions caller, an Anthropic provider: the request goes out as Messages and
+    /// the answer comes back as Chat Completions.
+    ChatToMessages,
+    /// A Messages caller, an OpenAI-kind provider: the reverse.
+    MessagesToChat,
+}
+
+/// An upstream endpoint, relative to a provider's `base_url`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    ChatCompletions,
+    Completions,
+    Responses,
+    Embeddings,
+    Messages,
+    CountTokens,
+}
+
+impl Endpoint {
+    pub const ALL: [Endpoint; 6] = [
+        Endpoint::ChatCompletions,
+        Endpoint::Completions,
+        Endpoint::Responses,
+        Endpoint::Embeddings,
+        Endpoint::Messages,
+        Endpoint::CountTokens,
+    ];
+
+    /// The path under the provider's base URL.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "/chat/completions",
+            Endpoint::Completions => "/completions",
+            Endpoint::Responses => "/responses",
+            Endpoint::Embeddings => "/embeddings",
+            Endpoint::Messages => "/messages",
+            Endpoint::CountTokens => "/messages/count_tokens",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl Surface {
+    /// The surface a request path names (with or without the `/v1` prefix).
+    pub fn from_path(path: &str) -> Option<Surface> {
+        let path = path.strip_prefix("/v1").unwrap_or(path);
+        Some(match path {
+            "/chat/completions" => Surface::ChatCompletions,
+            "/completions" => Surface::Completions,
+            "/responses" => Surface::Responses,
+            "/embeddings" => Surface::Embeddings,
+            "/messages" => Surface::Messages,
+            "/messages/count_tokens" => Surface::CountTokens,
+            _ => return None,
+        })
+    }
+
+    /// The dialect the caller speaks on this surface.
+    pub fn dialect(self) -> Dialect {
+        match self {
+            Surface::Messages | Surface::CountTokens => Dialect::Anthropic,
+            _ => Dialect::OpenAi,
+        }
+    }
+
+    /// How a provider of `kind` serves this surface, if it can.
+    pub fn served_by(self, kind: ProviderKind) -> Option<Conversion> {
+        use Conversion::{ChatToMessages, MessagesToChat, Same};
+        match (self, kind) {
+            (
+                Surface::ChatCompletions
+                | Surface::Completions
+                | Surface::Responses
+                | Surface::Embeddings,
+                ProviderKind::OpenAi,
+            )
+            | (Surface::Messages | Surface::CountTokens, ProviderKind::Anthropic) => Some(Same),
+            (Surface::ChatCompletions, ProviderKind::Anthropic) => Some(ChatToMessages),
+            (Surface::Messages, ProviderKind::OpenAi) => Some(MessagesToChat),
+            // No faithful translation (legacy completions, embeddings, the Responses API to
+            // Anthropic; token counting to OpenAI, which has no such endpoint).
+            _ => None,
+        }
+    }
+
+    /// The upstream endpoint an attempt calls on a provider of `kind`.
+    pub fn endpoint(self, kind: ProviderKind) -> Endpoint {
+        match (self, kind) {
+            (Surface::ChatCompletions, ProviderKind::Anthropic) => Endpoint::Messages,
+            (Surface::Messages, ProviderKind::OpenAi) | (Surface::ChatCompletions, _) => {
+                Endpoint::ChatCompletions
+            }
+            (Surface::Completions, _) => Endpoint::Completions,
+            (Surface::Responses, _) => Endpoint::Responses,
+            (Surface::Embeddings, _) => Endpoint::Embeddings,
+            (Surface::Messages, _) => Endpoint::Messages,
+            (Surface::CountTokens, _) => Endpoint::CountTokens,
+        }
+    }
+
+    /// Whether requests on this surface may ask for a stream.
+    pub fn streams(self) -> bool {
+        !matches!(self, Surface::Embeddings | Surface::CountTokens)
+    }
+
+    /// The stable name (explain, logs).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Surface::ChatCompletions => "chat_completions",
+            Surface::Completions => "completions",
+            Surface::Responses => "responses",
+            Surface::Embeddings => "embeddings",
+            Surface::Messages => "messages",
+            Surface::CountTokens => "count_tokens",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_name_surfaces_with_or_without_v1() {
+        assert_eq!(
+            Surface::from_path("/v1/chat/completions"),
+            Some(Surface::ChatCompletions)
+        );
+        assert_eq!(
+            Surface::from_path("/chat/completions"),
+            Some(Surface::ChatCompletions)
+        );
+        assert_eq!(
+            Surface::from_path("/v1/messages/count_tokens"),
+            Some(Surface::CountTokens)
+        );
+        assert_eq!(Surface::from_path("/v1/models"), None);
+        assert_eq!(Surface::from_path("/v1/chat/completions/x"), None);
+    }
+
+    #[test]
+    fn each_surface_is_served_by_the_kinds_that_can_express_it() {
+        use ProviderKind::{Anthropic, OpenAi};
+        assert_eq!(
+            Surface::ChatCompletions.served_by(Anthropic),
+            Some(Conversion::ChatToMessages)
+        );
+        assert_eq!(
+            Surface::Messages.served_by(OpenAi),
+            Some(Conversion::MessagesToChat)
+        );
+        assert_eq!(Surface::Embeddings.served_by(Anthropic), None);
+        assert_eq!(Surface::CountTokens.served_by(OpenAi), None);
+        assert_eq!(
+            Surface::ChatCompletions.endpoint(Anthropic),
+            Endpoint::Messages
+        );
+        assert_eq!(
+            Surface::Messages.endpoint(OpenAi),
+            Endpoint::ChatCompletions
+        );
+        for s in [
+            Surface::ChatCompletions,
+            Surface::Completions,
+            Surface::Responses,
+            Surface::Embeddings,
+            Surface::Messages,
+            Surface::CountTokens,
+        ] {
+            for k in [OpenAi, Anthropic] {
+                if s.served_by(k) == Some(Conversion::Same) {
+                    assert_eq!(s.dialect() == Dialect::Anthropic, k == Anthropic);
+                }
+            }
+        }
+    }
+}

@@ -1,4 +1,5 @@
-//! `signalbox-mock`: one or more OpenAI-compatible mock LLM providers in one process.
+//! `signalbox-mock`: one or more mock LLM providers (OpenAI and Anthropic dialects) in one
+//! process.
 //!
 //! Prints `signalbox-mock <name> listening on http://ADDR` (https under TLS) per listener once it
 //! is bound, then serves until SIGINT or SIGTERM.
@@ -16,7 +17,7 @@ use signalbox_mock::{Behaviour, MockConfig, MockHandle, MockServer, StreamShape,
 #[command(
     name = "signalbox-mock",
     version,
-    about = "OpenAI-compatible mock LLM provider for signalbox tests and load tests"
+    about = "Mock LLM provider (OpenAI and Anthropic dialects) for signalbox tests and load tests"
 )]
 struct Args {
     /// Address to listen on; repeat to serve several independent providers (named NAME-0, NAME-1, ...).
@@ -39,7 +40,8 @@ struct Args {
     #[arg(long, value_name = "TEXT")]
     reply: Option<String>,
 
-    /// Default behaviour as JSON, e.g. '{"kind":"status","code":503}'.
+    /// Default behaviour as JSON, e.g. '{"kind":"status","code":503}' or
+    /// '{"kind":"inband_error_after","chunks":2,"error_type":"overloaded_error"}'.
     #[arg(long, value_name = "JSON", value_parser = parse_behaviour)]
     behaviour: Option<Behaviour>,
 
@@ -63,6 +65,11 @@ struct Args {
     /// a dated or shortened name).
     #[arg(long, value_name = "NAME")]
     echo_model: Option<String>,
+
+    /// Require this provider key: `Authorization: Bearer KEY` on OpenAI endpoints, `x-api-key:
+    /// KEY` on Anthropic ones (without it, Anthropic endpoints accept any non-empty x-api-key).
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
 }
 
 fn parse_behaviour(s: &str) -> Result<Behaviour, String> {
@@ -129,6 +136,7 @@ async fn run(args: Args) -> std::io::Result<()> {
         echo_model: args
             .echo_model
             .map(|n| serde_json::to_string(&n).map_or(n, |s| s[1..s.len() - 1].to_string())),
+        api_key: args.api_key,
     };
     // Install the signal handlers before announcing anything: a script may signal as soon as it
     // reads the first "listening" line.

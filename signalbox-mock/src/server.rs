@@ -1,10 +1,11 @@
-//! The hand-rolled HTTP/1.1 server: accept loop, request parsing, behaviours.
+//! The hand-rolled HTTP/1.1 server: accept loop, request parsing, routing, control endpoints,
+//! and the intake of provider calls (credentials, body facts, script, record) before
+//! `behave::act` answers them.
 //!
 //! One task per connection; each connection owns its buffers and reuses them between requests.
 //! The hot path (no script, `record: false`) takes no lock: the script length is an atomic and
 //! the default behaviour is cached per connection behind a generation counter.
 
-use std::borrow::Cow;
 use std::io;
 use std::net::SocketAddr;
 use std::ops::Range;
@@ -12,14 +13,16 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
-use super::wire::{self, Answer, DateCache, Head};
-use super::{lock, Behaviour, RecordedRequest, Shared, StreamShape};
+use super::behave::{self, Call, End, Meta, Writer, JSON};
+use super::request::probe;
+use super::surface::{self, Ctx};
+use super::wire;
+use super::{lock, Behaviour, Dialect, Endpoint, RecordedRequest, Shared, RECORDED_BODY_MAX};
 
 /// Largest request head (request line + headers).
 const MAX_HEAD: usize = 64 * 1024;
@@ -35,8 +38,6 @@ const MAX_CHUNK_LINE: usize = 4096;
 const COMPACT_AT: usize = 1 << 20;
 
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
-const JSON: &[u8] = b"application/json";
-const SSE: &[u8] = b"text/event-stream";
 
 /// A connection the mock serves: plain TCP or TLS over TCP.
 pub(super) trait MockIo: AsyncRead + AsyncWrite + Unpin + Send {
@@ -113,21 +114,6 @@ async fn serve(tcp: TcpStream, tls: Option<TlsAcceptor>, shared: Arc<Shared>) {
     }
 }
 
-/// How a connection ends (or goes on) after a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum End {
-    /// Serve the next request (unless the request asked to close).
-    KeepAlive,
-    /// Close cleanly: FIN (close_notify first under TLS).
-    Close,
-    /// Reset: SO_LINGER 0, then drop.
-    Reset,
-    /// Never answer; wait until the client goes away.
-    Hang,
-    /// Just drop the connection (client gone, I/O error).
-    Drop,
-}
-
 /// Where a request's body is.
 enum BodyLoc {
     /// In the read buffer.
@@ -147,6 +133,8 @@ struct ReqHead {
     close: bool,
     host: Option<Range<usize>>,
     authorization: Option<Range<usize>>,
+    x_api_key: Option<Range<usize>>,
+    anthropic_version: Option<Range<usize>>,
 }
 
 enum HeadRead {
@@ -163,7 +151,7 @@ enum BodyRead {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Route {
-    Chat,
+    Provider(Endpoint),
     Models,
     Stats,
     Script,
@@ -185,7 +173,16 @@ fn route(method: &[u8], path: &[u8]) -> Route {
         b"/_mock/script" => (false, Route::Script),
         b"/_mock/default" => (false, Route::Default),
         b"/_mock/reset" => (false, Route::Reset),
-        p if p.ends_with(b"/chat/completions") => (false, Route::Chat),
+        p if p.ends_with(b"/chat/completions") => {
+            (false, Route::Provider(Endpoint::ChatCompletions))
+        }
+        p if p.ends_with(b"/completions") => (false, Route::Provider(Endpoint::Completions)),
+        p if p.ends_with(b"/embeddings") => (false, Route::Provider(Endpoint::Embeddings)),
+        p if p.ends_with(b"/responses") => (false, Route::Provider(Endpoint::Responses)),
+        p if p.ends_with(b"/messages/count_tokens") => {
+            (false, Route::Provider(Endpoint::CountTokens))
+        }
+        p if p.ends_with(b"/messages") => (false, Route::Provider(Endpoint::Messages)),
         p if p.ends_with(b"/models") => (true, Route::Models),
         _ => return Route::NotFound,
     };
@@ -193,62 +190,6 @@ fn route(method: &[u8], path: &[u8]) -> Route {
         r
     } else {
         Route::MethodNotAllowed
-    }
-}
-
-/// Response writer with reusable buffers.
-struct Writer {
-    /// Bytes about to be written.
-    out: Vec<u8>,
-    /// A body or an event being built.
-    ev: Vec<u8>,
-    date: DateCache,
-}
-
-/// Header fields of a response whose body is `Writer::ev`.
-struct Meta<'a> {
-    code: u16,
-    content_type: &'a [u8],
-    close: bool,
-    retry_after: Option<&'a [u8]>,
-    name: &'a [u8],
-}
-
-impl Writer {
-    fn head(&mut self, m: &Meta<'_>, content_length: Option<usize>, sse: bool) {
-        let date = self.date.get();
-        wire::write_head(
-            &mut self.out,
-            &Head {
-                code: m.code,
-                content_type: m.content_type,
-                content_length,
-                sse,
-                name: m.name,
-                date,
-                close: m.close,
-                retry_after: m.retry_after,
-            },
-        );
-    }
-
-    /// Send a complete response whose body is `self.ev`, in one write.
-    async fn send<S: MockIo>(&mut self, io: &mut S, m: &Meta<'_>) -> io::Result<()> {
-        self.out.clear();
-        self.head(m, Some(self.ev.len()), false);
-        if !wire::bodyless(m.code) {
-            self.out.extend_from_slice(&self.ev);
-        }
-        io.write_all(&self.out).await?;
-        io.flush().await
-    }
-
-    /// Send `self.out` and clear it.
-    async fn flush_out<S: MockIo>(&mut self, io: &mut S) -> io::Result<()> {
-        io.write_all(&self.out).await?;
-        io.flush().await?;
-        self.out.clear();
-        Ok(())
     }
 }
 
@@ -268,17 +209,6 @@ struct Conn {
     default: (u64, Arc<Behaviour>),
 }
 
-/// Values of the current chat call used by the behaviours.
-struct Call<'a> {
-    n: u64,
-    model: &'a [u8],
-    stream: bool,
-    prompt_tokens: u64,
-    close: bool,
-    authorization: &'a [u8],
-    host: &'a [u8],
-}
-
 impl Conn {
     fn new(shared: Arc<Shared>) -> Conn {
         let default = shared.current_default();
@@ -288,11 +218,7 @@ impl Conn {
             body: Vec::new(),
             hdrs: Vec::with_capacity(16),
             model: Vec::with_capacity(64),
-            w: Writer {
-                out: Vec::with_capacity(4096),
-                ev: Vec::with_capacity(1024),
-                date: DateCache::new(),
-            },
+            w: Writer::new(),
             default,
         }
     }
@@ -516,21 +442,31 @@ impl Conn {
         head: &ReqHead,
         body: &BodyLoc,
     ) -> io::Result<End> {
-        let route = route(&self.buf[head.method.clone()], &self.buf[head.path.clone()]);
-        if route == Route::Chat {
-            return self.chat(io, head, body).await;
+        let path = &self.buf[head.path.clone()];
+        let route = route(&self.buf[head.method.clone()], path);
+        if let Route::Provider(endpoint) = route {
+            return self.provider_call(io, head, body, endpoint).await;
         }
         let sh = &*self.shared;
         let body: &[u8] = match body {
             BodyLoc::Buf(r) => &self.buf[r.clone()],
             BodyLoc::Decoded => &self.body,
         };
+        // Errors on non-provider routes speak Anthropic to a request that does.
+        let dialect = if head.anthropic_version.is_some() {
+            Dialect::Anthropic
+        } else {
+            Dialect::OpenAi
+        };
         let ev = &mut self.w.ev;
         ev.clear();
         let code = match route {
             Route::Models => {
                 sh.model_list_calls.fetch_add(1, Ordering::Relaxed);
-                ev.extend_from_slice(wire::MODELS_JSON);
+                ev.extend_from_slice(match dialect {
+                    Dialect::OpenAi => wire::MODELS_JSON,
+                    Dialect::Anthropic => wire::ANTHROPIC_MODELS_JSON,
+                });
                 200
             }
             Route::Stats => {
@@ -538,6 +474,7 @@ impl Conn {
                 struct Stats<'a> {
                     name: &'a str,
                     calls: u64,
+                    calls_by_endpoint: std::collections::BTreeMap<&'static str, u64>,
                     model_list_calls: u64,
                     requests: &'a [RecordedRequest],
                 }
@@ -545,6 +482,10 @@ impl Conn {
                 let stats = Stats {
                     name: &sh.name,
                     calls: sh.calls.load(Ordering::Relaxed),
+                    calls_by_endpoint: Endpoint::ALL
+                        .into_iter()
+                        .map(|e| (e.as_str(), sh.calls_by[e.index()].load(Ordering::Relaxed)))
+                        .collect(),
                     model_list_calls: sh.model_list_calls.load(Ordering::Relaxed),
                     requests: &records,
                 };
@@ -557,13 +498,19 @@ impl Conn {
                     }
                 }
             }
-            Route::Script => match serde_json::from_slice::<Vec<Behaviour>>(body) {
-                Ok(script) => {
-                    sh.push_script(script);
-                    ev.extend_from_slice(b"{\"ok\":true}");
-                    200
+            Route::Script => match script_scope(path) {
+                Err(msg) => {
+                    wire::error_json(ev, msg.as_bytes(), "invalid_request_error", "invalid_json");
+                    400
                 }
-                Err(e) => bad_json(ev, &e),
+                Ok(scope) => match serde_json::from_slice::<Vec<Behaviour>>(body) {
+                    Ok(script) => {
+                        sh.push_script(scope, script);
+                        ev.extend_from_slice(b"{\"ok\":true}");
+                        200
+                    }
+                    Err(e) => bad_json(ev, &e),
+                },
             },
             Route::Default => match serde_json::from_slice::<Behaviour>(body) {
                 Ok(behaviour) => {
@@ -579,18 +526,26 @@ impl Conn {
                 200
             }
             Route::MethodNotAllowed => {
-                wire::error_json(
+                surface::error_body(
+                    dialect,
                     ev,
-                    b"method not allowed",
+                    405,
+                    "method not allowed",
                     "invalid_request_error",
                     "method_not_allowed",
                 );
                 405
             }
-            Route::NotFound | Route::Chat => {
-                let mut msg = b"unknown path ".to_vec();
-                msg.extend_from_slice(&self.buf[head.path.clone()]);
-                wire::error_json(ev, &msg, "invalid_request_error", "unknown_url");
+            Route::NotFound | Route::Provider(_) => {
+                let msg = format!("unknown path {}", String::from_utf8_lossy(path));
+                surface::error_body(
+                    dialect,
+                    ev,
+                    404,
+                    &msg,
+                    "invalid_request_error",
+                    "unknown_url",
+                );
                 404
             }
         };
@@ -605,48 +560,60 @@ impl Conn {
         Ok(End::KeepAlive)
     }
 
-    async fn chat<S: MockIo>(
+    /// A call to a provider endpoint: check its credential and headers, read its body, pick
+    /// its behaviour, record it, answer.
+    async fn provider_call<S: MockIo>(
         &mut self,
         io: &mut S,
         head: &ReqHead,
         body: &BodyLoc,
+        endpoint: Endpoint,
     ) -> io::Result<End> {
         let sh = &*self.shared;
         let n = sh.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        sh.calls_by[endpoint.index()].fetch_add(1, Ordering::Relaxed);
         let body: &[u8] = match body {
             BodyLoc::Buf(r) => &self.buf[r.clone()],
             BodyLoc::Decoded => &self.body,
         };
-        let (stream, model) = match probe(body) {
-            Ok(probe) => {
-                self.model.clear();
-                match &probe.model {
-                    Some(m) => wire::escape_json(&mut self.model, m.as_bytes()),
-                    None => self.model.extend_from_slice(b"mock-model"),
-                }
-                let model = if sh.record {
-                    probe.model.map(Cow::into_owned)
-                } else {
-                    None
-                };
-                (probe.stream, model)
-            }
-            Err(msg) => {
+        let dialect = endpoint.dialect();
+        let header = |r: &Option<Range<usize>>| r.clone().map(|r| &self.buf[r]);
+        // A provider checks the credential and the headers before it reads the body.
+        let refused = refusal(sh.api_key.as_deref(), dialect, head, &self.buf)
+            .map(|(code, msg, openai_code)| (code, msg.to_string(), openai_code));
+        let facts = match refused {
+            Some(refused) => Err(refused),
+            None => probe(body).map_err(|msg| (400, msg, "invalid_json")),
+        };
+        let facts = match facts {
+            Ok(facts) => facts,
+            Err((code, msg, openai_code)) => {
                 let ev = &mut self.w.ev;
                 ev.clear();
-                wire::error_json(ev, msg.as_bytes(), "invalid_request_error", "invalid_json");
+                surface::error_body(
+                    dialect,
+                    ev,
+                    code,
+                    &msg,
+                    "invalid_request_error",
+                    openai_code,
+                );
                 if sh.record {
                     let behaviour = Behaviour::Status {
-                        code: 400,
+                        code,
                         retry_after: None,
                         body: Some(String::from_utf8_lossy(ev).into_owned()),
                     };
-                    record(
-                        sh, &self.buf, head, &self.hdrs, body, None, false, behaviour,
-                    );
+                    let rec = Record {
+                        endpoint,
+                        model: None,
+                        stream: false,
+                        behaviour,
+                    };
+                    record(sh, &self.buf, head, &self.hdrs, body, rec);
                 }
                 let meta = Meta {
-                    code: 400,
+                    code,
                     content_type: JSON,
                     close: head.close,
                     retry_after: None,
@@ -656,26 +623,113 @@ impl Conn {
                 return Ok(End::KeepAlive);
             }
         };
-        let scripted = sh.pop_script();
+        self.model.clear();
+        match &facts.model {
+            Some(m) => wire::escape_json(&mut self.model, m.as_bytes()),
+            None => self.model.extend_from_slice(b"mock-model"),
+        }
+        let scripted = sh.pop_script(endpoint);
         if scripted.is_none() {
             sh.refresh_default(&mut self.default);
         }
         let behaviour: &Behaviour = scripted.as_ref().unwrap_or(&self.default.1);
         if sh.record {
-            let b = behaviour.clone();
-            record(sh, &self.buf, head, &self.hdrs, body, model, stream, b);
+            let rec = Record {
+                endpoint,
+                model: facts.model.as_deref().map(str::to_string),
+                stream: facts.stream,
+                behaviour: behaviour.clone(),
+            };
+            record(sh, &self.buf, head, &self.hdrs, body, rec);
         }
-        let call = Call {
-            n,
-            model: &self.model,
-            stream,
-            prompt_tokens: (body.len() / 4) as u64,
-            close: head.close,
-            authorization: head.authorization.clone().map_or(&[][..], |r| &self.buf[r]),
-            host: head.host.clone().map_or(&[][..], |r| &self.buf[r]),
+        let authorization = header(&head.authorization);
+        let credential = match dialect {
+            Dialect::OpenAi => authorization,
+            Dialect::Anthropic => header(&head.x_api_key).or(authorization),
         };
-        act(io, &mut self.w, sh, &call, behaviour).await
+        let call = Call {
+            endpoint,
+            stream: facts.stream,
+            close: head.close,
+            credential: credential.unwrap_or_default(),
+            host: header(&head.host).unwrap_or_default(),
+            name: &sh.header_name,
+            shape: sh.shape,
+        };
+        let cx = Ctx {
+            n,
+            created: wire::unix_secs(),
+            model_escaped: sh.echo_model.as_deref().unwrap_or(&self.model),
+            model: sh
+                .echo_model_raw
+                .as_deref()
+                .or(facts.model.as_deref())
+                .unwrap_or("mock-model"),
+            prompt_tokens: (body.len() / 4) as u64,
+            reply: &sh.reply,
+            chunks: sh.shape.chunks,
+            include_usage: facts.include_usage,
+            tool: facts.tool.as_deref(),
+            thinking: facts.thinking,
+            inputs: facts.inputs,
+        };
+        behave::act(io, &mut self.w, &call, cx, behaviour).await
     }
+}
+
+/// Why a provider call is refused before its body is read: `(status, message, OpenAI code)`.
+/// See `MockConfig::api_key`.
+fn refusal(
+    api_key: Option<&str>,
+    dialect: Dialect,
+    head: &ReqHead,
+    buf: &[u8],
+) -> Option<(u16, &'static str, &'static str)> {
+    let header = |r: &Option<Range<usize>>| r.clone().map(|r| trim(&buf[r]));
+    match dialect {
+        Dialect::OpenAi => {
+            let key = api_key?;
+            let ok = header(&head.authorization)
+                .and_then(|v| v.strip_prefix(b"Bearer "))
+                .is_some_and(|v| v == key.as_bytes());
+            (!ok).then_some((401, "Incorrect API key provided", "invalid_api_key"))
+        }
+        Dialect::Anthropic => {
+            match (header(&head.x_api_key), api_key) {
+                (None | Some(b""), _) => {
+                    return Some((401, "x-api-key header is required", "invalid_api_key"));
+                }
+                (Some(got), Some(key)) if got != key.as_bytes() => {
+                    return Some((401, "invalid x-api-key", "invalid_api_key"));
+                }
+                _ => {}
+            }
+            match header(&head.anthropic_version) {
+                None | Some(b"") => Some((
+                    400,
+                    "anthropic-version: header is required",
+                    "invalid_request",
+                )),
+                Some(_) => None,
+            }
+        }
+    }
+}
+
+/// The endpoint `POST /_mock/script?endpoint=NAME` scopes the behaviours to.
+fn script_scope(path: &[u8]) -> Result<Option<Endpoint>, String> {
+    let Some(q) = path.iter().position(|b| *b == b'?') else {
+        return Ok(None);
+    };
+    let query = String::from_utf8_lossy(&path[q + 1..]);
+    for pair in query.split('&') {
+        if let Some(name) = pair.strip_prefix("endpoint=") {
+            return Endpoint::from_name(name)
+                .map(Some)
+                .ok_or_else(|| format!("unknown endpoint {name:?}"));
+        }
+    }
+    Ok(None)
 }
 
 /// Extract what the mock needs from a complete head, as ranges into `self.buf`.
@@ -702,6 +756,8 @@ fn head_of(
         close: version == 0,
         host: None,
         authorization: None,
+        x_api_key: None,
+        anthropic_version: None,
     };
     let mut content_length: Option<usize> = None;
     hdrs.clear();
@@ -737,48 +793,16 @@ fn head_of(
             head.host = Some(range(value));
         } else if name.eq_ignore_ascii_case(b"authorization") && head.authorization.is_none() {
             head.authorization = Some(range(value));
+        } else if name.eq_ignore_ascii_case(b"x-api-key") && head.x_api_key.is_none() {
+            head.x_api_key = Some(range(value));
+        } else if name.eq_ignore_ascii_case(b"anthropic-version")
+            && head.anthropic_version.is_none()
+        {
+            head.anthropic_version = Some(range(value));
         }
     }
     head.content_length = content_length.unwrap_or(0);
     HeadRead::Req(head)
-}
-
-/// What the mock reads from a chat-completion body.
-struct Probe<'a> {
-    model: Option<Cow<'a, str>>,
-    stream: bool,
-}
-
-/// A top-level field of any JSON type; strings and booleans are kept.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Loose<'a> {
-    Str(#[serde(borrow)] Cow<'a, str>),
-    Bool(bool),
-    Other(serde::de::IgnoredAny),
-}
-
-#[derive(Deserialize)]
-struct RawProbe<'a> {
-    #[serde(default, borrow)]
-    model: Option<Loose<'a>>,
-    #[serde(default, borrow)]
-    stream: Option<Loose<'a>>,
-}
-
-fn probe(body: &[u8]) -> Result<Probe<'_>, String> {
-    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return Err("invalid JSON body: expected a JSON object".to_string());
-    }
-    let raw: RawProbe<'_> =
-        serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
-    Ok(Probe {
-        model: match raw.model {
-            Some(Loose::Str(m)) => Some(m),
-            _ => None,
-        },
-        stream: matches!(raw.stream, Some(Loose::Bool(true))),
-    })
 }
 
 fn bad_json(ev: &mut Vec<u8>, e: &serde_json::Error) -> u16 {
@@ -788,19 +812,25 @@ fn bad_json(ev: &mut Vec<u8>, e: &serde_json::Error) -> u16 {
     400
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What a record says besides the request itself.
+struct Record {
+    endpoint: Endpoint,
+    model: Option<String>,
+    stream: bool,
+    behaviour: Behaviour,
+}
+
 fn record(
     sh: &Shared,
     buf: &[u8],
     head: &ReqHead,
     hdrs: &[(Range<usize>, Range<usize>)],
     body: &[u8],
-    model: Option<String>,
-    stream: bool,
-    behaviour: Behaviour,
+    rec: Record,
 ) {
     let text = |r: &Range<usize>| String::from_utf8_lossy(&buf[r.clone()]).into_owned();
     let rec = RecordedRequest {
+        endpoint: rec.endpoint,
         method: text(&head.method),
         path: text(&head.path),
         headers: hdrs
@@ -809,177 +839,12 @@ fn record(
             .collect(),
         body_len: body.len(),
         body_sha256: hex(&Sha256::digest(body)),
-        model,
-        stream,
-        behaviour,
+        body: body[..body.len().min(RECORDED_BODY_MAX)].to_vec(),
+        model: rec.model,
+        stream: rec.stream,
+        behaviour: rec.behaviour,
     };
     lock(&sh.records).push(rec);
-}
-
-async fn act<S: MockIo>(
-    io: &mut S,
-    w: &mut Writer,
-    sh: &Shared,
-    call: &Call<'_>,
-    behaviour: &Behaviour,
-) -> io::Result<End> {
-    let meta = Meta {
-        code: 200,
-        content_type: if call.stream { SSE } else { JSON },
-        close: call.close,
-        retry_after: None,
-        name: &sh.header_name,
-    };
-    let answer = Answer {
-        n: call.n,
-        created: wire::unix_secs(),
-        model: sh.echo_model.as_deref().unwrap_or(call.model),
-        prompt_tokens: call.prompt_tokens,
-        completion_tokens: sh.reply.words,
-    };
-    match behaviour {
-        Behaviour::Ok => ok(io, w, sh, call, &meta, &answer, sh.shape).await,
-        Behaviour::Stream { chunks, gap_ms } => {
-            let shape = StreamShape {
-                chunks: *chunks,
-                gap: Duration::from_millis(*gap_ms),
-            };
-            ok(io, w, sh, call, &meta, &answer, shape).await
-        }
-        Behaviour::SlowHeader { ms } => {
-            tokio::time::sleep(Duration::from_millis(*ms)).await;
-            let answer = Answer {
-                created: wire::unix_secs(),
-                ..answer
-            };
-            ok(io, w, sh, call, &meta, &answer, sh.shape).await
-        }
-        Behaviour::Status {
-            code,
-            retry_after,
-            body,
-        } => {
-            w.ev.clear();
-            match body {
-                Some(body) => w.ev.extend_from_slice(body.as_bytes()),
-                None => wire::status_default_json(&mut w.ev, *code, call.authorization, call.host),
-            }
-            let meta = Meta {
-                code: *code,
-                content_type: JSON,
-                retry_after: retry_after.as_deref().map(str::as_bytes),
-                ..meta
-            };
-            w.send(io, &meta).await?;
-            Ok(End::KeepAlive)
-        }
-        Behaviour::Hang => Ok(End::Hang),
-        Behaviour::Reset => Ok(End::Reset),
-        Behaviour::Close => Ok(End::Close),
-        Behaviour::MidStreamDeath { after_chunks } => {
-            if call.stream {
-                sse(io, w, sh, &meta, &answer, sh.shape, Some(*after_chunks)).await?;
-            } else {
-                w.ev.clear();
-                wire::completion_json(&mut w.ev, &answer, Some(sh.reply.escaped()));
-                w.out.clear();
-                w.head(&meta, Some(w.ev.len()), false);
-                let half = w.ev.len() / 2;
-                w.out.extend_from_slice(&w.ev[..half]);
-                w.flush_out(io).await?;
-            }
-            Ok(End::Reset)
-        }
-        Behaviour::EmptyStream => {
-            let meta = Meta {
-                content_type: SSE,
-                ..meta
-            };
-            w.out.clear();
-            w.head(&meta, None, true);
-            w.out.extend_from_slice(wire::LAST_CHUNK);
-            w.flush_out(io).await?;
-            Ok(End::KeepAlive)
-        }
-        Behaviour::EmptyChoices => {
-            if call.stream {
-                w.out.clear();
-                w.head(&meta, None, true);
-                w.ev.clear();
-                wire::empty_choices_event(&mut w.ev, &answer);
-                wire::push_chunk(&mut w.out, &w.ev);
-                wire::push_chunk(&mut w.out, wire::DONE_EVENT);
-                w.out.extend_from_slice(wire::LAST_CHUNK);
-                w.flush_out(io).await?;
-            } else {
-                w.ev.clear();
-                wire::completion_json(&mut w.ev, &answer, None);
-                w.send(io, &meta).await?;
-            }
-            Ok(End::KeepAlive)
-        }
-    }
-}
-
-/// The normal answer: JSON, or SSE with `shape`.
-async fn ok<S: MockIo>(
-    io: &mut S,
-    w: &mut Writer,
-    sh: &Shared,
-    call: &Call<'_>,
-    meta: &Meta<'_>,
-    answer: &Answer<'_>,
-    shape: StreamShape,
-) -> io::Result<End> {
-    if call.stream {
-        sse(io, w, sh, meta, answer, shape, None).await?;
-    } else {
-        w.ev.clear();
-        wire::completion_json(&mut w.ev, answer, Some(sh.reply.escaped()));
-        w.send(io, meta).await?;
-    }
-    Ok(End::KeepAlive)
-}
-
-/// An SSE answer. With `die_after: Some(k)`, stop after `k` content events without the final
-/// event, `[DONE]` or the terminal chunk (the caller then resets the connection).
-async fn sse<S: MockIo>(
-    io: &mut S,
-    w: &mut Writer,
-    sh: &Shared,
-    meta: &Meta<'_>,
-    answer: &Answer<'_>,
-    shape: StreamShape,
-    die_after: Option<usize>,
-) -> io::Result<()> {
-    w.out.clear();
-    w.head(meta, None, true);
-    let count = die_after.unwrap_or(shape.chunks);
-    for i in 0..count {
-        if i > 0 && !shape.gap.is_zero() {
-            tokio::time::sleep(shape.gap).await;
-        }
-        w.ev.clear();
-        wire::content_event(&mut w.ev, answer, sh.reply.piece(i, shape.chunks));
-        wire::push_chunk(&mut w.out, &w.ev);
-        w.flush_out(io).await?;
-    }
-    if die_after.is_some() {
-        if !w.out.is_empty() {
-            // No event at all: still send the header.
-            w.flush_out(io).await?;
-        }
-        return Ok(());
-    }
-    if count > 0 && !shape.gap.is_zero() {
-        tokio::time::sleep(shape.gap).await;
-    }
-    w.ev.clear();
-    wire::finish_event(&mut w.ev, answer);
-    wire::push_chunk(&mut w.out, &w.ev);
-    wire::push_chunk(&mut w.out, wire::DONE_EVENT);
-    w.out.extend_from_slice(wire::LAST_CHUNK);
-    w.flush_out(io).await
 }
 
 fn trim(s: &[u8]) -> &[u8] {

@@ -38,6 +38,10 @@ impl Reply {
         &self.escaped
     }
 
+    pub(super) fn text(&self) -> &str {
+        &self.text
+    }
+
     /// Piece `i` of the reply split into `k` pieces. Pieces concatenate to the reply; when there
     /// are more pieces than tokens some are empty, and pieces past `k` are empty.
     pub(super) fn piece(&self, i: usize, k: usize) -> &str {
@@ -309,13 +313,30 @@ pub(super) fn content_event(out: &mut Vec<u8>, a: &Answer<'_>, piece: &str) {
     out.extend_from_slice(b"\"},\"finish_reason\":null}]}\n\n");
 }
 
-/// The final SSE event: empty delta, `finish_reason: "stop"` and usage.
-pub(super) fn finish_event(out: &mut Vec<u8>, a: &Answer<'_>) {
+/// The final SSE event: empty delta, `finish_reason` and, with `usage`, the usage (OpenAI
+/// itself sends usage only in a last chunk of its own, when asked: [`usage_event`]).
+pub(super) fn finish_event(out: &mut Vec<u8>, a: &Answer<'_>, finish_reason: &str, usage: bool) {
     out.extend_from_slice(b"data: ");
     push_prefix(out, a, b"chat.completion.chunk");
     out.extend_from_slice(b",\"mock_sent_us\":");
     push_int(out, unix_micros());
-    out.extend_from_slice(b",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],");
+    out.extend_from_slice(b",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"");
+    out.extend_from_slice(finish_reason.as_bytes());
+    out.extend_from_slice(b"\"}]");
+    if usage {
+        out.push(b',');
+        push_usage(out, a);
+    }
+    out.extend_from_slice(b"}\n\n");
+}
+
+/// The usage chunk of `stream_options.include_usage`: `"choices": []` and usage.
+pub(super) fn usage_event(out: &mut Vec<u8>, a: &Answer<'_>) {
+    out.extend_from_slice(b"data: ");
+    push_prefix(out, a, b"chat.completion.chunk");
+    out.extend_from_slice(b",\"mock_sent_us\":");
+    push_int(out, unix_micros());
+    out.extend_from_slice(b",\"choices\":[],");
     push_usage(out, a);
     out.extend_from_slice(b"}\n\n");
 }
@@ -353,3 +374,6 @@ pub(super) fn status_default_json(out: &mut Vec<u8>, code: u16, authorization: &
 
 pub(super) const MODELS_JSON: &[u8] =
     br#"{"object":"list","data":[{"id":"mock-model","object":"model","owned_by":"signalbox-mock"}]}"#;
+
+/// The model list in Anthropic's shape (`GET /v1/models` with `anthropic-version`).
+pub(super) const ANTHROPIC_MODELS_JSON: &[u8] = br#"{"data":[{"type":"model","id":"mock-model","display_name":"Mock Model","created_at":"2025-01-01T00:00:00Z"}],"has_more":false,"first_id":"mock-model","last_id":"mock-model"}"#;

@@ -2,9 +2,15 @@
 //!
 //! - `json`: the strict scanner every dialect reads requests with.
 //! - `openai`: the OpenAI chat-completions dialect (requests, responses, streams).
+//! - `anthropic`: the Anthropic Messages dialect, same-dialect fast path (requests, responses,
+//!   streams, errors in Anthropic's shape).
+//! - `chat_messages`: translation between the chat and Messages dialects, both directions
+//!   (requests, responses, streams, errors), for a caller whose dialect the provider lacks.
 //! - `stream`: what any dialect's response reports in common words (usage, stream signals).
 //! - `surface`: the endpoints callers reach, their dialect, and which providers serve them.
 
+pub mod anthropic;
+pub mod chat_messages;
 pub mod json;
 pub mod openai;
 pub mod stream;

@@ -11,6 +11,9 @@ use tokio::net::TcpStream;
 
 use super::*;
 
+mod misbehaviours;
+mod surfaces;
+
 const REPLY: &str = "Hello from signalbox-mock.";
 
 async fn start(config: MockConfig) -> MockHandle {
@@ -965,4 +968,176 @@ fn behaviour_json_forms() {
     })
     .unwrap();
     assert_eq!(s, r#"{"kind":"status","code":429,"retry_after":"1"}"#);
+}
+
+// === Helpers for the dialect and misbehaviour tests ===
+
+/// The headers an Anthropic call needs.
+const ANTHROPIC: &str = "x-api-key: sk-ant-123\r\nanthropic-version: 2023-06-01\r\n";
+
+/// `base` with the members of `extra` (an object) set.
+fn merged(mut base: Value, extra: Value) -> String {
+    if let (Some(b), Value::Object(e)) = (base.as_object_mut(), extra) {
+        b.extend(e);
+    }
+    base.to_string()
+}
+
+/// A minimal body for `endpoint`, with `extra` members.
+fn body_for(endpoint: Endpoint, stream: bool, extra: Value) -> String {
+    let base = match endpoint {
+        Endpoint::ChatCompletions => serde_json::json!({
+            "model": "m", "stream": stream, "messages": [{"role": "user", "content": "hi"}],
+        }),
+        Endpoint::Completions => {
+            serde_json::json!({"model": "m", "stream": stream, "prompt": "hi"})
+        }
+        Endpoint::Embeddings => serde_json::json!({"model": "m", "input": "hi"}),
+        Endpoint::Responses => serde_json::json!({"model": "m", "stream": stream, "input": "hi"}),
+        Endpoint::Messages => serde_json::json!({
+            "model": "m", "max_tokens": 64, "stream": stream,
+            "messages": [{"role": "user", "content": "hi"}],
+        }),
+        Endpoint::CountTokens => {
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        }
+    };
+    merged(base, extra)
+}
+
+fn path_of(endpoint: Endpoint) -> &'static str {
+    match endpoint {
+        Endpoint::ChatCompletions => "/v1/chat/completions",
+        Endpoint::Completions => "/v1/completions",
+        Endpoint::Embeddings => "/v1/embeddings",
+        Endpoint::Responses => "/v1/responses",
+        Endpoint::Messages => "/v1/messages",
+        Endpoint::CountTokens => "/v1/messages/count_tokens",
+    }
+}
+
+/// A raw request to `endpoint` with the headers its dialect needs.
+fn request_to(endpoint: Endpoint, body: &str) -> Vec<u8> {
+    let headers = match endpoint.dialect() {
+        Dialect::OpenAi => "",
+        Dialect::Anthropic => ANTHROPIC,
+    };
+    post(path_of(endpoint), body, headers)
+}
+
+/// A request to `endpoint` with its minimal body.
+fn call_to(endpoint: Endpoint, stream: bool) -> Vec<u8> {
+    request_to(endpoint, &body_for(endpoint, stream, serde_json::json!({})))
+}
+
+/// The endpoints that stream.
+const STREAMING: [Endpoint; 4] = [
+    Endpoint::ChatCompletions,
+    Endpoint::Completions,
+    Endpoint::Responses,
+    Endpoint::Messages,
+];
+
+/// The events of an SSE body: `(event name, data)`; `data: [DONE]` is the string `"[DONE]"`.
+fn named_events(body: &[u8]) -> Vec<(Option<String>, Value)> {
+    let text = std::str::from_utf8(body).unwrap();
+    text.split_terminator("\n\n")
+        .map(|block| {
+            let mut name = None;
+            let mut data = None;
+            for line in block.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = Some(n.to_string());
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data = Some(if d == "[DONE]" {
+                        Value::String(d.to_string())
+                    } else {
+                        serde_json::from_str(d).unwrap()
+                    });
+                } else {
+                    panic!("unexpected SSE line {line:?}");
+                }
+            }
+            (name, data.expect("an event without data"))
+        })
+        .collect()
+}
+
+/// What an event is, in any dialect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Carries a piece of the answer.
+    Content,
+    /// The stream's own end: `[DONE]`, `response.completed`, `message_stop`.
+    Terminal,
+    /// The provider's in-band error.
+    Error,
+    /// Anything else (opening, block boundaries, finish chunk, usage).
+    Other,
+}
+
+fn kind_of(endpoint: Endpoint, name: Option<&str>, data: &Value) -> Kind {
+    if data == "[DONE]" {
+        return Kind::Terminal;
+    }
+    match endpoint.dialect() {
+        Dialect::Anthropic => match name {
+            Some("content_block_delta") => Kind::Content,
+            Some("message_stop") => Kind::Terminal,
+            Some("error") => Kind::Error,
+            _ => Kind::Other,
+        },
+        Dialect::OpenAi if endpoint == Endpoint::Responses => match name {
+            Some(n) if n.ends_with(".delta") => Kind::Content,
+            Some("response.completed") => Kind::Terminal,
+            Some("error") => Kind::Error,
+            _ => Kind::Other,
+        },
+        Dialect::OpenAi => {
+            if data.get("error").is_some() {
+                return Kind::Error;
+            }
+            let choice = &data["choices"][0];
+            let delta = &choice["delta"];
+            let carries = delta["content"].is_string()
+                || delta["tool_calls"].is_array()
+                || choice["text"].is_string();
+            let opening = delta["role"].is_string() && delta["content"] == "";
+            let empty_text = choice["text"] == "" && data["choices"][0]["finish_reason"].is_null();
+            if carries && choice["finish_reason"].is_null() && !opening && !empty_text {
+                Kind::Content
+            } else {
+                Kind::Other
+            }
+        }
+    }
+}
+
+/// The kinds of an SSE body's events, `Other` left out.
+fn kinds(endpoint: Endpoint, body: &[u8]) -> Vec<Kind> {
+    named_events(body)
+        .iter()
+        .map(|(n, d)| kind_of(endpoint, n.as_deref(), d))
+        .filter(|k| *k != Kind::Other)
+        .collect()
+}
+
+/// Split a raw chunked body that may lack its terminal chunk: the chunks' data, and whether
+/// the terminal chunk came.
+fn split_chunks(mut raw: &[u8]) -> (Vec<u8>, bool) {
+    let mut data = Vec::new();
+    while !raw.is_empty() {
+        let line_end = raw.windows(2).position(|w| w == b"\r\n").unwrap();
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&raw[..line_end]).unwrap(), 16).unwrap();
+        raw = &raw[line_end + 2..];
+        if size == 0 {
+            assert_eq!(raw, b"\r\n", "bytes after the terminal chunk");
+            return (data, true);
+        }
+        data.extend_from_slice(&raw[..size]);
+        assert_eq!(&raw[size..size + 2], b"\r\n");
+        raw = &raw[size + 2..];
+    }
+    (data, false)
 }

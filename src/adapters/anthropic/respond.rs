@@ -1,0 +1,269 @@
+//! What signalbox writes itself to an Anthropic caller: errors in Anthropic's shape, the
+//! terminal error event of a broken stream, relayed refusals, and `GET /v1/models`.
+//!
+//! The shape is Anthropic's (`{"type":"error","error":{"type","message"}}`), so the SDKs raise
+//! their usual exception classes; the words are signalbox's own, never a provider's message.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::Serialize;
+
+use crate::adapters::openai;
+
+/// Anthropic's error `type` for an HTTP status, as its SDKs and docs pair them. Where signalbox
+/// answers a status Anthropic does not document, the pairing is chosen for what the caller
+/// should do next:
+///
+/// - 400 and every other 4xx not listed: `invalid_request_error` (Anthropic's own rule);
+/// - 401 `authentication_error`, 402 `billing_error`, 403 `permission_error`, 404
+///   `not_found_error`, 413 `request_too_large`, 429 `rate_limit_error`;
+/// - 503 (every candidate ejected or ineligible, `Retry-After` set) and 529:
+///   `overloaded_error` — try again later, which the SDKs do for this type;
+/// - 504 (every attempt timed out): `timeout_error`;
+/// - 500, 502 and every other 5xx: `api_error`.
+pub fn error_type(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        402 => "billing_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        504 => "timeout_error",
+        500..=599 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorEnvelope<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    error: ErrorObject<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorObject<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    message: &'a str,
+}
+
+fn error_json(kind: &'static str, message: &str) -> Vec<u8> {
+    let envelope = ErrorEnvelope {
+        kind: "error",
+        error: ErrorObject { kind, message },
+    };
+    // Two static strings and a `&str`: serialising cannot fail.
+    serde_json::to_vec(&envelope).unwrap_or_default()
+}
+
+/// `{"type":"error","error":{"type":<by status>,"message":…}}`: any error signalbox answers an
+/// Anthropic caller with.
+pub fn error_body(status: u16, message: &str) -> Bytes {
+    Bytes::from(error_json(error_type(status), message))
+}
+
+/// The event signalbox writes into an Anthropic stream it must end abnormally (the provider's
+/// stream broke after the header went out): `event: error` with an `api_error`, never a
+/// `message_stop`, so the SDK raises instead of returning a truncated message.
+pub fn sse_error_event(message: &str) -> Bytes {
+    let json = error_json("api_error", message);
+    let mut out = BytesMut::with_capacity(json.len() + 22);
+    out.put_slice(b"event: error\ndata: ");
+    out.put_slice(&json);
+    out.put_slice(b"\n\n");
+    out.freeze()
+}
+
+/// Whether a provider's refusal says the prompt does not fit the model's context window:
+/// Anthropic's wordings (`prompt is too long: 208310 tokens > 200000 maximum`; `input length and
+/// max_tokens exceed context limit`) or the OpenAI ones (a compatible provider behind an
+/// Anthropic-kind entry).
+pub fn is_context_length_error(upstream_body: &[u8]) -> bool {
+    static PROMPT_TOO_LONG: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"rompt is too long"));
+    static CONTEXT_LIMIT: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"exceed context limit"));
+    PROMPT_TOO_LONG.find(upstream_body).is_some()
+        || CONTEXT_LIMIT.find(upstream_body).is_some()
+        || openai::is_context_length_error(upstream_body)
+}
+
+/// The body for an upstream 4xx relayed to an Anthropic caller, in signalbox's words: a
+/// context-length refusal says so (`invalid_request_error`, whatever the status), anything else
+/// is typed by its status.
+pub fn refusal_body(status: u16, upstream_body: &[u8]) -> Bytes {
+    if is_context_length_error(upstream_body) {
+        return Bytes::from(error_json(
+            "invalid_request_error",
+            "the prompt is longer than the model's context window",
+        ));
+    }
+    let message = if status == 413 {
+        "the provider refused the request as too large"
+    } else {
+        "the provider rejected the request as invalid; check the request parameters"
+    };
+    error_body(status, message)
+}
+
+/// The `created_at` of every listed name. Catalog names (aliases, chains, policies) have no
+/// release date, and the SDKs parse the field as an RFC 3339 time, so it is a fixed, valid one.
+pub const MODELS_CREATED_AT: &str = "1970-01-01T00:00:00Z";
+
+#[derive(Serialize)]
+struct ModelEntry<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    id: &'a str,
+    display_name: &'a str,
+    created_at: &'static str,
+}
+
+#[derive(Serialize)]
+struct ModelList<'a> {
+    data: Vec<ModelEntry<'a>>,
+    has_more: bool,
+    first_id: Option<&'a str>,
+    last_id: Option<&'a str>,
+}
+
+/// `GET /v1/models` in Anthropic's shape: every caller-facing name (the list the OpenAI shape
+/// is built from, e.g. `Tables::public_model_ids`), in order, on one page.
+pub fn models_list<S: AsRef<str>>(names: &[S]) -> Bytes {
+    let list = ModelList {
+        data: names
+            .iter()
+            .map(|n| ModelEntry {
+                kind: "model",
+                id: n.as_ref(),
+                display_name: n.as_ref(),
+                created_at: MODELS_CREATED_AT,
+            })
+            .collect(),
+        has_more: false,
+        first_id: names.first().map(AsRef::as_ref),
+        last_id: names.last().map(AsRef::as_ref),
+    };
+    Bytes::from(serde_json::to_vec(&list).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(b: &[u8]) -> serde_json::Value {
+        serde_json::from_slice(b).expect("JSON")
+    }
+
+    #[test]
+    fn errors_have_anthropics_shape_and_type_by_status() {
+        for (status, kind) in [
+            (400, "invalid_request_error"),
+            (401, "authentication_error"),
+            (402, "billing_error"),
+            (403, "permission_error"),
+            (404, "not_found_error"),
+            (405, "invalid_request_error"),
+            (411, "invalid_request_error"),
+            (413, "request_too_large"),
+            (424, "invalid_request_error"),
+            (429, "rate_limit_error"),
+            (431, "invalid_request_error"),
+            (500, "api_error"),
+            (502, "api_error"),
+            (503, "overloaded_error"),
+            (504, "timeout_error"),
+            (529, "overloaded_error"),
+        ] {
+            let v = parse(&error_body(status, "no \"luck\"\nat all"));
+            assert_eq!(v["type"], "error", "{status}");
+            assert_eq!(v["error"]["type"], kind, "{status}");
+            assert_eq!(v["error"]["message"], "no \"luck\"\nat all");
+            assert_eq!(v.as_object().map(serde_json::Map::len), Some(2));
+        }
+    }
+
+    #[test]
+    fn the_broken_stream_event_is_an_sse_error_event() {
+        let ev = sse_error_event("the provider ended the stream before it was complete");
+        let text = std::str::from_utf8(&ev).expect("utf8");
+        let data = text
+            .strip_prefix("event: error\ndata: ")
+            .and_then(|t| t.strip_suffix("\n\n"))
+            .expect("framing");
+        assert!(!data.contains('\n'), "one data line");
+        let v = parse(data.as_bytes());
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "api_error");
+        // What signalbox writes, its own stream reader takes for an error.
+        let mut signals = crate::adapters::stream::Signals::default();
+        let mut b = Some(ev);
+        crate::adapters::anthropic::AnthropicRewriter::sse(Bytes::from_static(b"\"m\"")).filter(
+            &mut b,
+            true,
+            &mut signals,
+        );
+        assert_eq!(
+            signals.error,
+            Some(crate::adapters::stream::InbandError::Server)
+        );
+    }
+
+    #[test]
+    fn context_length_refusals_are_recognised_in_either_wording() {
+        for body in [
+            &br#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 208310 tokens > 200000 maximum"}}"#[..],
+            br#"{"type":"error","error":{"type":"invalid_request_error","message":"Prompt is too long"}}"#,
+            br#"{"type":"error","error":{"type":"invalid_request_error","message":"input length and `max_tokens` exceed context limit: 188240 + 21333 > 200000, decrease input length or `max_tokens` and try again"}}"#,
+            br#"{"error":{"message":"This model's maximum context length is 8192 tokens","code":"context_length_exceeded"}}"#,
+        ] {
+            assert!(is_context_length_error(body), "{}", String::from_utf8_lossy(body));
+            let v = parse(&refusal_body(400, body));
+            assert_eq!(v["error"]["type"], "invalid_request_error");
+            assert_eq!(v["error"]["message"], "the prompt is longer than the model's context window");
+        }
+        let other = br#"{"type":"error","error":{"type":"invalid_request_error","message":"messages: roles must alternate"}}"#;
+        assert!(!is_context_length_error(other));
+        let v = parse(&refusal_body(400, other));
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert!(v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.contains("alternate")));
+        assert_eq!(
+            parse(&refusal_body(413, b""))["error"]["type"],
+            "request_too_large"
+        );
+        assert_eq!(
+            parse(&refusal_body(422, b"garbage"))["error"]["type"],
+            "invalid_request_error"
+        );
+    }
+
+    #[test]
+    fn models_are_listed_in_anthropics_shape() {
+        let names: Vec<std::sync::Arc<str>> = ["claude-haiku", "fast", "auto:default", "auto"]
+            .into_iter()
+            .map(std::sync::Arc::from)
+            .collect();
+        let v = parse(&models_list(&names));
+        assert_eq!(v["has_more"], false);
+        assert_eq!(v["first_id"], "claude-haiku");
+        assert_eq!(v["last_id"], "auto");
+        let data = v["data"].as_array().expect("list");
+        assert_eq!(data.len(), 4);
+        assert_eq!(
+            data[2],
+            serde_json::json!({
+                "type": "model",
+                "id": "auto:default",
+                "display_name": "auto:default",
+                "created_at": MODELS_CREATED_AT,
+            })
+        );
+        let v = parse(&models_list::<&str>(&[]));
+        assert_eq!(v["data"], serde_json::json!([]));
+        assert!(v["first_id"].is_null() && v["last_id"].is_null());
+    }
+}

@@ -9,6 +9,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use signalbox::adapters::openai::{ChatRequest, ResponseRewriter, StreamStats};
+use signalbox::adapters::relay::{Relay, Reply};
+use signalbox::adapters::surface::{Conversion, Surface};
 
 fn body(size: usize) -> Bytes {
     let filler: String = "the quick brown fox jumps over the lazy dog "
@@ -82,6 +84,7 @@ fn bench_response(c: &mut Criterion) {
         let mut rw = ResponseRewriter::Sse {
             caller_model: Bytes::from_static(b"\"fast\""),
             carry: BytesMut::new(),
+            strip_usage: false,
         };
         let mut stats = StreamStats::default();
         b.iter(|| {
@@ -93,5 +96,68 @@ fn bench_response(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_request, bench_response);
+/// One stream event through each relay the proxy builds: same dialect, and translated each way.
+fn bench_relay(c: &mut Criterion) {
+    let mut g = c.benchmark_group("relay_event");
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    let chat = Bytes::from_static(b"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o-mini\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"},\"finish_reason\":null}]}\n\n");
+    let messages = Bytes::from_static(b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n");
+    let messages_start = Bytes::from_static(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude\",\"content\":[],\"stop_reason\":null,\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\nevent: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n");
+    let cases = [
+        (
+            "chat_same_dialect",
+            Surface::ChatCompletions,
+            Conversion::Same,
+            None,
+            &chat,
+        ),
+        (
+            "messages_same_dialect",
+            Surface::Messages,
+            Conversion::Same,
+            Some(&messages_start),
+            &messages,
+        ),
+        (
+            "messages_to_chat_caller",
+            Surface::ChatCompletions,
+            Conversion::ChatToMessages,
+            Some(&messages_start),
+            &messages,
+        ),
+        (
+            "chat_to_messages_caller",
+            Surface::Messages,
+            Conversion::MessagesToChat,
+            None,
+            &chat,
+        ),
+    ];
+    for (name, surface, conversion, opening, event) in cases {
+        let reply = Reply {
+            surface,
+            conversion,
+            caller_model: Bytes::from_static(b"\"fast\""),
+            provider: None,
+            strip_usage: false,
+            caller_usage: false,
+        };
+        let mut relay = Relay::sse(&reply);
+        if let Some(open) = opening {
+            let mut chunk = Some(open.clone());
+            relay.filter(&mut chunk, false);
+        }
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let mut chunk = Some(event.clone());
+                relay.filter(&mut chunk, false);
+                black_box(chunk)
+            });
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_request, bench_response, bench_relay);
 criterion_main!(benches);

@@ -212,7 +212,9 @@ fn bench_lead_picks(c: &mut Criterion) {
 /// directly (what every request did before policies and rules), `auto` past 20 rules of which
 /// only the last holds, and a 3-entry policy whose third entry (weighted) holds.
 fn bench_decide(c: &mut Criterion) {
+    use signalbox::adapters::caller::CallerRequest;
     use signalbox::adapters::openai::ChatRequest;
+    use signalbox::adapters::surface::Surface;
     use signalbox::routing::decide::{self, Metadata, SteeringHeaders};
 
     let mut text = String::from("providers:\n");
@@ -259,10 +261,12 @@ fn bench_decide(c: &mut Criterion) {
         metadata: Metadata::parse(br#"{"team":"search","tier":"free"}"#).expect("metadata"),
     };
     let body = |model: &str| {
-        ChatRequest::parse(bytes::Bytes::from(format!(
-            r#"{{"model":"{model}","max_tokens":64,"messages":[{{"role":"user","content":"hello there"}}]}}"#
-        )))
-        .expect("body")
+        CallerRequest::OpenAi(
+            ChatRequest::parse(bytes::Bytes::from(format!(
+                r#"{{"model":"{model}","max_tokens":64,"messages":[{{"role":"user","content":"hello there"}}]}}"#
+            )))
+            .expect("body"),
+        )
     };
     let mut g = c.benchmark_group("decide_and_plan");
     g.measurement_time(Duration::from_secs(3))
@@ -277,7 +281,7 @@ fn bench_decide(c: &mut Criterion) {
             b.iter(|| {
                 seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
                 let tables = router.tables.load();
-                let steering = headers.steer(&request, seed);
+                let steering = headers.steer(Surface::ChatCompletions, &request, seed);
                 let routed = decide::route(&tables, &steering).expect("routed");
                 let env = PlanEnv {
                     catalog: &tables.catalog,
@@ -289,7 +293,7 @@ fn bench_decide(c: &mut Criterion) {
                     input_tokens: request.prompt_tokens(),
                     output_tokens: 64,
                     seed,
-                    needs: request.needs,
+                    needs: request.needs(),
                     ..RequestFacts::default()
                 };
                 let mut plan = decide::plan(&tables, &router.rankings.load(), &env, &routed, facts);

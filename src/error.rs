@@ -37,6 +37,8 @@ pub enum ErrorCode {
     ProviderCredentialRejected,
     AllCandidatesRejected,
     ContextLengthExceeded,
+    /// A field of the request the serving provider's dialect cannot express.
+    UnsupportedParameter,
     UpstreamModelNotFound,
     UpstreamError,
     UpstreamTimeout,
@@ -59,6 +61,7 @@ impl ErrorCode {
             ErrorCode::ProviderCredentialRejected => "provider_credential_rejected",
             ErrorCode::AllCandidatesRejected => "all_candidates_rejected",
             ErrorCode::ContextLengthExceeded => "context_length_exceeded",
+            ErrorCode::UnsupportedParameter => "unsupported_parameter",
             ErrorCode::UpstreamModelNotFound => "upstream_model_not_found",
             ErrorCode::UpstreamError => "upstream_error",
             ErrorCode::UpstreamTimeout => "upstream_timeout",
@@ -72,7 +75,8 @@ impl ErrorCode {
             | ErrorCode::ModelNotFound
             | ErrorCode::ChainEmpty
             | ErrorCode::AllCandidatesRejected
-            | ErrorCode::ContextLengthExceeded => 400,
+            | ErrorCode::ContextLengthExceeded
+            | ErrorCode::UnsupportedParameter => 400,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::RequestTooLarge => 413,

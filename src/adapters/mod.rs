@@ -6,12 +6,16 @@
 //!   streams, errors in Anthropic's shape).
 //! - `chat_messages`: translation between the chat and Messages dialects, both directions
 //!   (requests, responses, streams, errors), for a caller whose dialect the provider lacks.
+//! - `caller`: the caller's request in its surface's dialect, and the body each attempt sends.
+//! - `relay`: a provider's answer on its way to the caller, same dialect or translated.
 //! - `stream`: what any dialect's response reports in common words (usage, stream signals).
 //! - `surface`: the endpoints callers reach, their dialect, and which providers serve them.
 
 pub mod anthropic;
+pub mod caller;
 pub mod chat_messages;
 pub mod json;
 pub mod openai;
+pub mod relay;
 pub mod stream;
 pub mod surface;

@@ -26,6 +26,7 @@ const WANT_MAX_COMPLETION_TOKENS: usize = 5;
 const WANT_TOOLS: usize = 6;
 const WANT_FUNCTIONS: usize = 7;
 const WANT_RESPONSE_FORMAT: usize = 8;
+const WANT_STREAM_OPTIONS: usize = 9;
 const REQUEST_KEYS: &[&[u8]] = &[
     b"model",
     b"stream",
@@ -36,6 +37,7 @@ const REQUEST_KEYS: &[&[u8]] = &[
     b"tools",
     b"functions",
     b"response_format",
+    b"stream_options",
 ];
 
 /// The name of a wanted request key, for messages.
@@ -110,6 +112,8 @@ pub struct ChatRequest {
     pub max_tokens: Option<u64>,
     /// What the request needs from a model.
     pub needs: Needs,
+    /// `stream_options` as the caller sent it: absent, or whether it asks for usage.
+    stream_options: Option<bool>,
 }
 
 /// What a request needs from the model that serves it, derived once from its body: a stream
@@ -190,7 +194,14 @@ impl ChatRequest {
                 .is_some_and(|m| has_image_part(&body[m.clone()])),
             json_mode: value(WANT_RESPONSE_FORMAT).is_some_and(is_json_format),
         };
+        let stream_options = value(WANT_STREAM_OPTIONS).map(|v| {
+            serde_json::from_slice::<serde_json::Value>(v)
+                .ok()
+                .and_then(|o| o.get("include_usage")?.as_bool())
+                .unwrap_or(false)
+        });
         Ok(Self {
+            stream_options,
             model: model.value.clone(),
             stream,
             routing,
@@ -248,19 +259,48 @@ impl ChatRequest {
         self.body.len()
     }
 
+    /// Whether the caller asked for usage in its stream (`stream_options.include_usage`).
+    pub fn asks_stream_usage(&self) -> bool {
+        self.stream_options == Some(true)
+    }
+
+    /// Whether signalbox may ask the provider for stream usage on the caller's behalf: a
+    /// stream whose caller sent no `stream_options` of its own (one it sent is left alone).
+    pub fn may_add_stream_usage(&self) -> bool {
+        self.stream && self.stream_options.is_none()
+    }
+
     /// The body for one attempt: `model` set to `upstream_model_json` (a JSON string literal),
     /// `routing` removed, every other byte as received.
     pub fn body_for(&self, upstream_model_json: &[u8]) -> Bytes {
+        self.body_for_upstream(upstream_model_json, false)
+    }
+
+    /// [`Self::body_for`], and with `add_stream_usage` a `stream_options` asking for usage
+    /// inserted first (see [`Self::may_add_stream_usage`]), so usage is captured for every
+    /// stream; the response rewriter strips the usage chunk the caller did not ask for.
+    pub fn body_for_upstream(&self, upstream_model_json: &[u8], add_stream_usage: bool) -> Bytes {
+        const STREAM_USAGE: &[u8] = br#""stream_options":{"include_usage":true},"#;
         let literal = &self.body[self.model.clone()];
-        if literal == upstream_model_json && self.routing_removal.is_none() {
+        let add = add_stream_usage && self.may_add_stream_usage();
+        if literal == upstream_model_json && self.routing_removal.is_none() && !add {
             return self.body.clone();
         }
-        let mut edits: [(Range<usize>, &[u8]); 2] = [
+        // Just after the opening brace (a parsed body is an object, so there is one).
+        let open = if add {
+            memchr::memchr(b'{', &self.body).map_or(0, |i| i + 1)
+        } else {
+            0
+        };
+        let mut edits: [(Range<usize>, &[u8]); 3] = [
             (self.model.clone(), upstream_model_json),
             (self.routing_removal.clone().unwrap_or(0..0), b""),
+            (open..open, if add { STREAM_USAGE } else { b"" }),
         ];
         edits.sort_by_key(|(r, _)| r.start);
-        let mut out = BytesMut::with_capacity(self.body.len() + upstream_model_json.len());
+        let mut out = BytesMut::with_capacity(
+            self.body.len() + upstream_model_json.len() + STREAM_USAGE.len(),
+        );
         let mut at = 0;
         for (range, replacement) in &edits {
             if range.is_empty() && replacement.is_empty() {
@@ -380,10 +420,13 @@ pub enum ResponseRewriter {
     /// A JSON body too large to hold and rewrite, relayed as it comes; its length-framed
     /// response still owes `pad` bytes of trailing whitespace.
     PassthroughPadded { pad: usize },
-    /// An SSE stream: `model` replaced in each `data:` event as it passes.
+    /// An SSE stream: `model` replaced in each `data:` event as it passes; with
+    /// `strip_usage`, the usage-only chunk (asked for by signalbox, not by the caller) is
+    /// read and dropped.
     Sse {
         caller_model: Bytes,
         carry: BytesMut,
+        strip_usage: bool,
     },
     /// An upstream refusal relayed in signalbox's words: the upstream body is read (a bounded
     /// prefix kept to recognise context-length errors) and replaced.
@@ -521,7 +564,9 @@ impl ResponseRewriter {
             ResponseRewriter::Sse {
                 caller_model,
                 carry,
+                strip_usage,
             } => {
+                let strip = *strip_usage;
                 let chunk = body.take().unwrap_or_default();
                 let mut out = BytesMut::with_capacity(chunk.len() + carry.len() + 32);
                 let data: Cow<'_, [u8]> = if carry.is_empty() {
@@ -531,15 +576,22 @@ impl ResponseRewriter {
                     Cow::Owned(std::mem::take(carry).to_vec())
                 };
                 let mut start = 0;
+                // After a stripped usage event, its blank line goes too (a client splitting on
+                // blank lines must not see an empty event).
+                let mut dropped = false;
                 while let Some(nl) = memchr::memchr(b'\n', &data[start..]) {
                     let line = &data[start..start + nl + 1];
-                    rewrite_sse_line(line, caller_model, stats, &mut out);
+                    if !(dropped && matches!(line, b"\n" | b"\r\n")) {
+                        dropped = rewrite_sse_line(line, caller_model, strip, stats, &mut out);
+                    } else {
+                        dropped = false;
+                    }
                     start += nl + 1;
                 }
                 let rest = &data[start..];
                 if eos {
                     // A final line without its newline: pass it through as it is.
-                    rewrite_sse_line(rest, caller_model, stats, &mut out);
+                    rewrite_sse_line(rest, caller_model, strip, stats, &mut out);
                 } else {
                     carry.put_slice(rest);
                 }
@@ -633,16 +685,30 @@ fn rewrite_json_object(
     out.freeze()
 }
 
+/// A stream's usage chunk: usage, and `"choices": []`.
+fn is_usage_chunk(doc: &[u8], scan: &json::Scan) -> bool {
+    let usage = scan
+        .get(1)
+        .is_some_and(|u| &doc[u.value.clone()] != b"null");
+    usage
+        && scan
+            .get(2)
+            .is_some_and(|c| is_empty_array(&doc[c.value.clone()]))
+}
+
+fn is_empty_array(v: &[u8]) -> bool {
+    v.first() == Some(&b'[') && v[1..].iter().all(|b| b.is_ascii_whitespace() || *b == b']')
+}
+
 fn note_stats(doc: &[u8], scan: &json::Scan, stats: &mut StreamStats) {
     if let Some(u) = scan.get(1) {
         if let Ok(usage) = serde_json::from_slice::<Usage>(&doc[u.value.clone()]) {
             stats.usage = Some(usage);
         }
     }
+    // `"choices": []` with usage is the stream's usage chunk, not an empty answer.
     if let Some(c) = scan.get(2) {
-        let v = &doc[c.value.clone()];
-        if v.first() == Some(&b'[') && v[1..].iter().all(|b| b.is_ascii_whitespace() || *b == b']')
-        {
+        if is_empty_array(&doc[c.value.clone()]) && !is_usage_chunk(doc, scan) {
             stats.empty_choices = true;
         }
     }
@@ -734,11 +800,18 @@ fn inband_error_kind(error: &[u8]) -> InbandError {
     }
 }
 
-/// One SSE line (with its newline, if any) into `out`, `model` replaced in `data:` JSON.
-fn rewrite_sse_line(line: &[u8], caller_model: &[u8], stats: &mut StreamStats, out: &mut BytesMut) {
+/// One SSE line (with its newline, if any) into `out`, `model` replaced in `data:` JSON;
+/// whether the line was dropped (a usage chunk the caller did not ask for).
+fn rewrite_sse_line(
+    line: &[u8],
+    caller_model: &[u8],
+    strip_usage: bool,
+    stats: &mut StreamStats,
+    out: &mut BytesMut,
+) -> bool {
     let Some(rest) = line.strip_prefix(b"data:") else {
         out.put_slice(line);
-        return;
+        return false;
     };
     let payload_start = 5 + usize::from(rest.first() == Some(&b' '));
     let mut payload_end = line.len();
@@ -749,18 +822,21 @@ fn rewrite_sse_line(line: &[u8], caller_model: &[u8], stats: &mut StreamStats, o
     if payload == b"[DONE]" {
         stats.done = true;
         out.put_slice(line);
-        return;
+        return false;
     }
     if payload.first() != Some(&b'{') {
         out.put_slice(line);
-        return;
+        return false;
     }
     let Ok(scan) = json::scan_object_lenient(payload, RESPONSE_KEYS) else {
         out.put_slice(line);
-        return;
+        return false;
     };
     stats.data_events += 1;
     note_stats(payload, &scan, stats);
+    if strip_usage && is_usage_chunk(payload, &scan) {
+        return true;
+    }
     match scan.get(0) {
         Some(m) if payload.get(m.value.start) == Some(&b'"') => {
             let at = payload_start + m.value.start;
@@ -771,6 +847,7 @@ fn rewrite_sse_line(line: &[u8], caller_model: &[u8], stats: &mut StreamStats, o
         }
         _ => out.put_slice(line),
     }
+    false
 }
 
 #[cfg(test)]
@@ -803,12 +880,50 @@ mod tests {
     }
 
     #[test]
+    fn stream_usage_is_asked_for_when_the_caller_did_not_and_its_chunk_stripped() {
+        let r = req(r#"{"model":"a","stream":true,"messages":[]}"#).expect("ok");
+        assert!(r.may_add_stream_usage() && !r.asks_stream_usage());
+        let body = r.body_for_upstream(b"\"up\"", true);
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["model"], "up");
+        // The caller's own stream_options is never touched.
+        let own = req(r#"{"model":"a","stream":true,"stream_options":{"include_usage":false}}"#)
+            .expect("ok");
+        assert!(!own.may_add_stream_usage());
+        assert_eq!(
+            own.body_for_upstream(b"\"a\"", true),
+            own.body_for(b"\"a\"")
+        );
+        let asks = req(r#"{"model":"a","stream":true,"stream_options":{"include_usage":true}}"#)
+            .expect("ok");
+        assert!(asks.asks_stream_usage());
+        // Not a stream: nothing added.
+        let plain = req(r#"{"model":"a"}"#).expect("ok");
+        assert_eq!(
+            &plain.body_for_upstream(b"\"a\"", true)[..],
+            br#"{"model":"a"}"#
+        );
+
+        let usage = b"data: {\"model\":\"up\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":5}}\n";
+        for strip in [true, false] {
+            let mut stats = StreamStats::default();
+            let mut out = BytesMut::new();
+            rewrite_sse_line(usage, b"\"m\"", strip, &mut stats, &mut out);
+            assert_eq!(stats.usage.map(|u| u.completion_tokens), Some(5));
+            assert!(!stats.empty_choices, "a usage chunk is not an empty answer");
+            assert_eq!(out.is_empty(), strip);
+        }
+    }
+
+    #[test]
     fn an_error_event_is_counted_with_its_kind() {
         let mut stats = StreamStats::default();
         let mut out = BytesMut::new();
         rewrite_sse_line(
             b"data: {\"error\":{\"message\":\"busy\",\"type\":\"server_error\",\"code\":\"rate_limit_exceeded\"}}\n",
             b"\"m\"",
+            false,
             &mut stats,
             &mut out,
         );
@@ -1036,6 +1151,7 @@ mod tests {
         let sse = ResponseRewriter::Sse {
             caller_model: Bytes::from_static(b"\"m\""),
             carry: BytesMut::new(),
+            strip_usage: false,
         };
         assert!(sse.changes_length());
     }
@@ -1104,6 +1220,7 @@ mod tests {
         let mut rw = ResponseRewriter::Sse {
             caller_model: Bytes::from_static(b"\"fast\""),
             carry: BytesMut::new(),
+            strip_usage: false,
         };
         let mut stats = StreamStats::default();
         let mut out = Vec::new();

@@ -148,6 +148,18 @@ impl Surface {
         !matches!(self, Surface::Embeddings | Surface::CountTokens)
     }
 
+    /// The name conditions match `params.endpoint` against (the API's own names).
+    pub fn rule_name(self) -> &'static str {
+        match self {
+            Surface::ChatCompletions => "chat.completions",
+            Surface::Completions => "completions",
+            Surface::Responses => "responses",
+            Surface::Embeddings => "embeddings",
+            Surface::Messages => "messages",
+            Surface::CountTokens => "messages.count_tokens",
+        }
+    }
+
     /// The stable name (explain, logs).
     pub fn as_str(self) -> &'static str {
         match self {

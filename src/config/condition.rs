@@ -30,7 +30,8 @@ pub const MAX_RULES: usize = 256;
 /// A field a condition reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Field {
-    /// `params.endpoint`: the surface the request arrived on (`chat.completions`, ...).
+    /// `params.endpoint`: the surface the request arrived on (`chat.completions`, `completions`,
+    /// `responses`, `embeddings`, `messages`, `messages.count_tokens`).
     Endpoint,
     /// `params.stream`: the caller asked for a stream.
     Stream,

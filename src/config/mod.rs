@@ -32,7 +32,8 @@ pub use types::{
     AdminConfig, AliasConfig, BaseUrl, Capabilities, ChainConfig, Config, CredentialConfig,
     DegradedPolicy, DeploymentConfig, Failover, HealthPolicy, KeySource, Limits, Listen, LogConfig,
     LogFormat, ModelConfig, PolicyConfig, PolicyTarget, Price, ProviderConfig, ProviderKind,
-    RouterConfig, RoutingKnobs, RuleConfig, RuleTarget, Scheme, SelectEntry, Strategy, Weights,
+    ResponseConfig, RouterConfig, RoutingKnobs, RuleConfig, RuleTarget, Scheme, SelectEntry,
+    Strategy, Weights,
 };
 pub use values::{is_upstream_model_name, parse_base_url, parse_size_text, AXIS_NAMES};
 

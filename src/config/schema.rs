@@ -50,6 +50,19 @@ pub struct ConfigFile {
     /// How the process logs.
     #[serde(default)]
     pub log: LogSection,
+    /// What signalbox adds to response bodies.
+    #[serde(default)]
+    pub response: ResponseSection,
+}
+
+/// What signalbox adds to response bodies (`response`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseSection {
+    /// A top-level `provider` (the serving provider's id) beside `model` in every response
+    /// object and stream chunk.
+    #[serde(default)]
+    pub provider_field: bool,
 }
 
 /// The admin API's tokens: each names an environment variable holding it.

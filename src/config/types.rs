@@ -37,6 +37,14 @@ pub struct Config {
     pub routing: RoutingKnobs,
     pub pingora: PingoraSection,
     pub log: LogConfig,
+    pub response: ResponseConfig,
+}
+
+/// What signalbox adds to response bodies (the `response` section).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ResponseConfig {
+    /// `provider_field`: a top-level `provider` beside `model` in every object and chunk.
+    pub provider_field: bool,
 }
 
 /// How signalbox logs (the `log` section). Read once, when the process starts.

@@ -58,11 +58,17 @@ pub fn status_class_index(status: Option<u16>) -> usize {
 }
 
 /// Kinds of `tokens_total{kind}`, in the order of the table's second dimension.
-pub const TOKEN_KINDS: [&str; 2] = ["prompt", "completion"];
+/// `cache_read` and `cache_write` are the parts of `prompt` served from or written to the
+/// provider's prompt cache (where the provider reports them).
+pub const TOKEN_KINDS: [&str; 4] = ["prompt", "completion", "cache_read", "cache_write"];
 /// Index of `prompt` in [`TOKEN_KINDS`].
 pub const TOKENS_PROMPT: usize = 0;
 /// Index of `completion` in [`TOKEN_KINDS`].
 pub const TOKENS_COMPLETION: usize = 1;
+/// Index of `cache_read` in [`TOKEN_KINDS`].
+pub const TOKENS_CACHE_READ: usize = 2;
+/// Index of `cache_write` in [`TOKEN_KINDS`].
+pub const TOKENS_CACHE_WRITE: usize = 3;
 
 /// Label values of one dimension of a [`DenseCounters`] table.
 pub type LabelValues = Arc<[Arc<str>]>;

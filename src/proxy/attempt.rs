@@ -14,10 +14,11 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType};
 use pingora_http::RequestHeader;
 
-use super::ctx::{Attempt, RequestCtx};
+use super::ctx::{Attempt, AttemptBody, RequestCtx};
 use super::respond;
-use crate::adapters::openai::ResponseRewriter;
-use crate::adapters::surface::Dialect;
+use crate::adapters::chat_messages::Unexpressible;
+use crate::adapters::relay::Relay;
+use crate::adapters::surface::{Conversion, Dialect};
 use crate::config::ProviderKind;
 use crate::health::TargetRef;
 
@@ -52,6 +53,11 @@ fn internal(why: &'static str) -> Box<Error> {
 
 /// Start the attempt on the pending target: its peer, its body, its health bookkeeping.
 pub fn begin(ctx: &mut RequestCtx) -> pingora_error::Result<Box<HttpPeer>> {
+    if prepare_body(ctx).is_err() {
+        // Only the hold path translates, and it prepares the body (and skips a target that
+        // cannot express the request) before it begins an attempt.
+        return Err(internal("the request cannot be expressed for this target"));
+    }
     let tables = ctx
         .tables
         .clone()
@@ -71,17 +77,6 @@ pub fn begin(ctx: &mut RequestCtx) -> pingora_error::Result<Box<HttpPeer>> {
         .provider(provider)
         .peer()
         .ok_or_else(|| internal("target has no address"))?;
-    // The body this target gets: rebuilt only when the upstream model name changes.
-    if let Some(request) = &ctx.request {
-        let reuse = ctx
-            .attempt_body
-            .as_ref()
-            .is_some_and(|(lit, _)| *lit == deployment.upstream_model_json);
-        if !reuse {
-            let body = request.body_for(&deployment.upstream_model_json);
-            ctx.attempt_body = Some((deployment.upstream_model_json.clone(), body));
-        }
-    }
     let health_ref = TargetRef {
         deployment: deployment.model.map(|_| deployment.idx),
         provider,
@@ -100,9 +95,43 @@ pub fn begin(ctx: &mut RequestCtx) -> pingora_error::Result<Box<HttpPeer>> {
     ctx.status_outcome = None;
     ctx.retry_after = None;
     // What an earlier attempt's response set up does not carry over.
-    ctx.rewriter = ResponseRewriter::Passthrough;
+    ctx.relay = Relay::passthrough();
     ctx.client_error_pending = false;
     Ok(Box::new(peer))
+}
+
+/// The body the pending target gets, in its dialect: rebuilt only when the upstream model or
+/// the conversion changes. A target whose dialect cannot express the request is refused with
+/// the field it cannot carry.
+pub fn prepare_body(ctx: &mut RequestCtx) -> Result<(), Unexpressible> {
+    let (Some(tables), Some(plan), Some(target), Some(request)) =
+        (&ctx.tables, &ctx.plan, &ctx.pending, &ctx.request)
+    else {
+        return Ok(());
+    };
+    let Some(deployment) = plan.deployment(&tables.catalog, target.position) else {
+        return Ok(());
+    };
+    let kind = tables.catalog.provider(deployment.provider).kind;
+    let conversion = ctx.surface.served_by(kind).unwrap_or(Conversion::Same);
+    let reuse = ctx.attempt_body.as_ref().is_some_and(|b| {
+        b.conversion == conversion && b.upstream_model == deployment.upstream_model_json
+    });
+    if !reuse {
+        let bytes = request.body_for(
+            ctx.surface,
+            conversion,
+            &deployment.upstream_model,
+            &deployment.upstream_model_json,
+        )?;
+        ctx.attempt_body = Some(AttemptBody {
+            upstream_model: deployment.upstream_model_json.clone(),
+            conversion,
+            bytes,
+        });
+    }
+    ctx.conversion = conversion;
+    Ok(())
 }
 
 /// The request header for the current attempt's target.
@@ -122,7 +151,7 @@ pub fn rewrite_request_header(
         .as_ref();
     let surface = ctx.surface;
     let anthropic_caller = surface.dialect() == Dialect::Anthropic;
-    let len = ctx.attempt_body.as_ref().map_or(0, |(_, b)| b.len());
+    let len = ctx.attempt_body.as_ref().map_or(0, |b| b.bytes.len());
     respond::edit_request_parts(upstream_request, |parts| {
         let headers = &mut parts.headers;
         for name in CLIENT_AUTH_HEADERS.iter().chain(&HOP_AND_GATEWAY_HEADERS) {
@@ -162,7 +191,7 @@ pub fn rewrite_request_header(
 /// `end_of_stream`: replace it with the whole rewritten body.
 pub fn swap_body(ctx: &RequestCtx, body: &mut Option<Bytes>, end_of_stream: bool) {
     *body = if end_of_stream {
-        ctx.attempt_body.as_ref().map(|(_, b)| b.clone())
+        ctx.attempt_body.as_ref().map(|b| b.bytes.clone())
     } else {
         None
     };

@@ -13,8 +13,10 @@ use bytes::Bytes;
 use http::HeaderValue;
 
 use super::hold::AbortReason;
-use crate::adapters::openai::{ChatRequest, ResponseRewriter, StreamStats};
-use crate::adapters::surface::Surface;
+use crate::adapters::caller::CallerRequest;
+use crate::adapters::chat_messages::Unexpressible;
+use crate::adapters::relay::Relay;
+use crate::adapters::surface::{Conversion, Surface};
 use crate::catalog::ProviderIdx;
 use crate::error::GatewayError;
 use crate::health::{InflightGuard, Observation};
@@ -48,6 +50,14 @@ pub struct AttemptRecord {
     pub followed: bool,
 }
 
+/// One attempt's request body.
+#[derive(Debug, Clone)]
+pub struct AttemptBody {
+    pub upstream_model: Bytes,
+    pub conversion: Conversion,
+    pub bytes: Bytes,
+}
+
 #[derive(Debug)]
 pub struct RequestCtx {
     pub started: Instant,
@@ -67,7 +77,15 @@ pub struct RequestCtx {
     pub client_error_pending: bool,
     /// After a context-length refusal: the next candidate's context window must exceed this.
     pub context_floor: Option<u64>,
-    pub request: Option<ChatRequest>,
+    pub request: Option<CallerRequest>,
+    /// Some candidate of the plan speaks the other dialect (its answers are translated: the
+    /// request takes the hold path, which can read a whole answer before committing it).
+    pub translates: bool,
+    /// How the current attempt's provider serves the caller's surface.
+    pub conversion: Conversion,
+    /// A candidate skipped because its dialect cannot express a field of the request: the
+    /// caller's 400 if no candidate serves.
+    pub unexpressible: Option<Unexpressible>,
     pub plan: Option<Plan>,
     /// The target the next `upstream_peer` call connects to.
     pub pending: Option<Target>,
@@ -96,11 +114,12 @@ pub struct RequestCtx {
     pub committed: bool,
     /// Status sent to the client.
     pub status: Option<u16>,
-    pub rewriter: ResponseRewriter,
-    pub stream: StreamStats,
+    /// The current attempt's response body on its way to the caller, and what it showed.
+    pub relay: Relay,
     pub is_sse: bool,
-    /// The rewritten body for the current attempt and the upstream literal it was built for.
-    pub attempt_body: Option<(Bytes, Bytes)>,
+    /// The body for the current attempt, and the upstream model literal and conversion it was
+    /// built for.
+    pub attempt_body: Option<AttemptBody>,
     /// An error signalbox answered itself.
     pub local_error: Option<GatewayError>,
     pub stream_broken: bool,
@@ -124,6 +143,9 @@ impl RequestCtx {
             client_error_pending: false,
             context_floor: None,
             request: None,
+            translates: false,
+            conversion: Conversion::Same,
+            unexpressible: None,
             plan: None,
             pending: None,
             retry_same: false,
@@ -140,8 +162,7 @@ impl RequestCtx {
             served: None,
             committed: false,
             status: None,
-            rewriter: ResponseRewriter::Passthrough,
-            stream: StreamStats::default(),
+            relay: Relay::passthrough(),
             is_sse: false,
             attempt_body: None,
             local_error: None,
@@ -186,7 +207,7 @@ impl RequestCtx {
                     outcome,
                     ttfb,
                     latency: (outcome == Outcome::Ok).then_some(duration),
-                    output_tokens: self.stream.usage.map(|u| u.completion_tokens),
+                    output_tokens: self.relay.signals().usage.map(|u| u.completion_tokens),
                     retry_after,
                     probe: false,
                 });

@@ -8,8 +8,10 @@ use std::time::Duration;
 use pingora_error::{Error, ErrorSource};
 
 use super::ctx::{AttemptRecord, RequestCtx};
-use crate::adapters::openai::ResponseRewriter;
-use crate::metrics::{status_class_index, Metrics, TOKENS_COMPLETION, TOKENS_PROMPT};
+use crate::metrics::{
+    status_class_index, Metrics, TOKENS_CACHE_READ, TOKENS_CACHE_WRITE, TOKENS_COMPLETION,
+    TOKENS_PROMPT,
+};
 use crate::retry::Outcome;
 use crate::routing::decide::Via;
 use crate::routing::plan::Plan;
@@ -30,14 +32,15 @@ fn settle_last_attempt(ctx: &mut RequestCtx, e: Option<&Error>) {
     if ctx.current.is_none() {
         return;
     }
-    let empty = ctx.stream.empty_choices || (ctx.is_sse && ctx.stream.data_events == 0);
-    let outcome = if ctx.served.is_some() && empty && !ctx.stream.upstream_error_event {
+    let signals = *ctx.relay.signals();
+    let empty = signals.empty_choices || (ctx.is_sse && !signals.content);
+    let outcome = if ctx.served.is_some() && empty && signals.error.is_none() {
         Outcome::Empty
     } else if ctx.stream_broken && ctx.served.is_some() {
         Outcome::StreamAborted
     } else if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
         Outcome::Cancelled
-    } else if matches!(ctx.rewriter, ResponseRewriter::Replace { .. }) {
+    } else if ctx.relay.refused_body().is_some() {
         Outcome::ClientError
     } else if ctx.served.is_some() {
         Outcome::Ok
@@ -58,12 +61,18 @@ fn count(ctx: &RequestCtx) {
     metrics
         .requests
         .inc(&[route, served_provider, status_class_index(ctx.status)]);
-    if let (Some(usage), Some(served)) = (ctx.stream.usage, ctx.served) {
+    if let (Some(usage), Some(served)) = (ctx.relay.signals().usage, ctx.served) {
         let p = served.provider.get();
-        metrics.tokens.add(&[p, TOKENS_PROMPT], usage.prompt_tokens);
-        metrics
-            .tokens
-            .add(&[p, TOKENS_COMPLETION], usage.completion_tokens);
+        for (kind, n) in [
+            (TOKENS_PROMPT, usage.prompt_tokens),
+            (TOKENS_COMPLETION, usage.completion_tokens),
+            (TOKENS_CACHE_READ, usage.cache_read_tokens),
+            (TOKENS_CACHE_WRITE, usage.cache_write_tokens),
+        ] {
+            if n > 0 {
+                metrics.tokens.add(&[p, kind], n);
+            }
+        }
     }
     if let Some(routed) = &ctx.routed {
         match routed.via {
@@ -124,7 +133,7 @@ fn access_line(ctx: &RequestCtx) {
     let ttfb_ms = ctx
         .served
         .and_then(|a| a.header_at.map(|h| millis(h.duration_since(a.started))));
-    let usage = ctx.stream.usage.filter(|_| ctx.served.is_some());
+    let usage = ctx.relay.signals().usage.filter(|_| ctx.served.is_some());
     tracing::info!(
         target: "access",
         request_id = %ctx.request_id.to_str().unwrap_or(""),

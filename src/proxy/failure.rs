@@ -12,7 +12,7 @@ use pingora_proxy::{FailToProxy, Session};
 use super::ctx::RequestCtx;
 use super::hold::AbortReason;
 use super::{planning, respond};
-use crate::adapters::openai::sse_error_event_for;
+use crate::adapters::relay::stream_error_event;
 use crate::error::{ErrorCode, GatewayError};
 use crate::health::{Admission, InflightGuard};
 use crate::retry::{self, Advance, Outcome};
@@ -71,6 +71,20 @@ pub(super) fn after_failure(ctx: &mut RequestCtx, outcome: Outcome, advance: Adv
     }
     let env = planning::plan_env(&router, &tables);
     ctx.pending = planning::next_target(plan, &env, advance);
+    ctx.pending.is_some()
+}
+
+/// Pass over the pending target without calling it (the hold path: its dialect cannot express
+/// the request) and take the next one; whether there is one.
+pub(super) fn skip_target(ctx: &mut RequestCtx) -> bool {
+    let (Some(tables), Some(router)) = (ctx.tables.clone(), ctx.router.clone()) else {
+        return false;
+    };
+    let Some(plan) = ctx.plan.as_mut() else {
+        return false;
+    };
+    let env = planning::plan_env(&router, &tables);
+    ctx.pending = planning::next_target(plan, &env, Advance::NextDeployment);
     ctx.pending.is_some()
 }
 
@@ -158,14 +172,14 @@ pub async fn answer(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> F
         // unfinished stream, h2 resets it (RST_STREAM CANCEL) and discards every DATA frame
         // still queued for it, so neither this event nor the chunks just relayed would
         // arrive; the event ends the stream there (END_STREAM) so that it is delivered.
-        if ctx.is_sse && !ctx.stream.done && e.esource() != &ErrorSource::Downstream {
+        if ctx.is_sse && !ctx.relay.signals().terminal && e.esource() != &ErrorSource::Downstream {
             let event = match ctx.abort_reason {
-                Some(AbortReason::Stalled) => sse_error_event_for(
+                Some(AbortReason::Stalled) => stream_error_event(
                     ctx.surface,
                     "the provider's stream stalled for longer than failover.stream_idle_timeout",
                     "upstream_stream_stalled",
                 ),
-                None => sse_error_event_for(
+                None => stream_error_event(
                     ctx.surface,
                     "the provider's stream broke before it was complete",
                     "upstream_stream_interrupted",

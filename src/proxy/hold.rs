@@ -38,7 +38,10 @@ use tokio::time::{timeout, timeout_at, Instant};
 
 use super::ctx::RequestCtx;
 use super::{attempt, failure, respond, response};
-use crate::adapters::openai::{InbandError, StreamStats};
+use crate::adapters::caller::CallerRequest;
+use crate::adapters::chat_messages::BadUpstream;
+use crate::adapters::stream::InbandError;
+use crate::adapters::surface::Conversion;
 use crate::error::{ErrorCode, GatewayError};
 use crate::retry::{self, Advance, Outcome};
 use crate::routing::Tables;
@@ -46,12 +49,14 @@ use crate::routing::Tables;
 /// How long an idle upstream connection stays in the hold path's pool.
 const POOL_IDLE: Duration = Duration::from_secs(60);
 
-/// Whether this request takes the hold path: a stream while the first-chunk hold is on, or a
-/// body the fast path cannot replay.
+/// Whether this request takes the hold path: a stream while the first-chunk hold is on, a
+/// body the fast path cannot replay, or a plan with a candidate of the other dialect (a
+/// translated answer is read before it is committed, so an unreadable one fails over).
 pub fn applies(ctx: &RequestCtx, tables: &Tables, own_replay: bool) -> bool {
     own_replay
+        || ctx.translates
         || (tables.failover.first_chunk_hold.is_some()
-            && ctx.request.as_ref().is_some_and(|r| r.stream))
+            && ctx.request.as_ref().is_some_and(CallerRequest::stream))
 }
 
 /// How one attempt ended.
@@ -81,9 +86,27 @@ pub async fn serve(
         ));
     };
     loop {
+        if let Err(unexpressible) = attempt::prepare_body(ctx) {
+            // This target's dialect cannot carry the request: the next one may.
+            ctx.unexpressible = Some(unexpressible);
+            if failure::skip_target(ctx) {
+                continue;
+            }
+            let err = ctx
+                .unexpressible
+                .as_ref()
+                .map(|u| GatewayError::new(ErrorCode::UnsupportedParameter, u.to_string()));
+            let err = match (err, &ctx.plan) {
+                // Only when no attempt failed otherwise: that failure says more.
+                (Some(e), _) if ctx.attempts == 0 => e,
+                (_, Some(plan)) => ctx.failures.final_error(plan.no_call()),
+                _ => GatewayError::new(ErrorCode::Internal, "no plan"),
+            };
+            respond::write_error(session, ctx, err).await?;
+            return Ok(true);
+        }
         let peer = attempt::begin(ctx)?;
         // What an earlier attempt's response showed does not carry over.
-        ctx.stream = StreamStats::default();
         ctx.is_sse = false;
         ctx.served = None;
         let step = drive(session, ctx, connector, &peer, &tables).await;
@@ -113,13 +136,15 @@ pub async fn serve(
     }
 }
 
-/// When the current attempt must have produced its first content: the hold, cut short by the
-/// request's deadline.
+/// When the current attempt must have produced its first content: the hold (a stream) or the
+/// TTFB timeout (a whole answer), cut short by the request's deadline.
 fn first_content_deadline(ctx: &RequestCtx, tables: &Tables) -> Instant {
     let now = Instant::now();
+    let stream = ctx.request.as_ref().is_some_and(CallerRequest::stream);
     let hold = tables
         .failover
         .first_chunk_hold
+        .filter(|_| stream)
         .unwrap_or(tables.failover.ttfb_timeout);
     let mut deadline = now + hold;
     if let Some(d) = tables.failover.deadline {
@@ -147,7 +172,7 @@ async fn drive(
     let body = ctx
         .attempt_body
         .as_ref()
-        .map(|(_, b)| b.clone())
+        .map(|b| b.bytes.clone())
         .unwrap_or_default();
 
     // Connect, send, and read the response header, all within the first-content deadline.
@@ -184,10 +209,14 @@ async fn drive(
 
     let mut held = BytesMut::new();
     let mut ended = false;
-    if ctx.client_error_pending {
-        // A refusal the policy may fail over on: read it whole, then decide.
+    let translated_whole =
+        !ctx.is_sse && ctx.served.is_some() && ctx.conversion != Conversion::Same;
+    if ctx.client_error_pending || translated_whole {
+        // A refusal the policy may fail over on, or an answer to translate: read it whole,
+        // then decide.
+        let idle = tables.failover.ttfb_timeout;
         loop {
-            let read = timeout_at(deadline, upstream.read_response_body()).await;
+            let read = timeout(idle, upstream.read_response_body()).await;
             let mut chunk = match read {
                 Err(_) => return Step::Failed(Outcome::Timeout, Advance::NextDeployment),
                 Ok(Err(e)) => {
@@ -211,6 +240,14 @@ async fn drive(
                 break;
             }
         }
+        if let Some(bad) = ctx.relay.bad_upstream() {
+            let outcome = if bad == BadUpstream::EmptyChoices {
+                Outcome::Empty
+            } else {
+                Outcome::ServerError
+            };
+            return Step::Failed(outcome, Advance::NextDeployment);
+        }
     } else if ctx.is_sse && ctx.served.is_some() {
         // The hold: read until the first content event.
         loop {
@@ -227,14 +264,18 @@ async fn drive(
                 Ok(Ok(Some(c))) => c,
             };
             let mut out = Some(chunk);
-            ctx.rewriter.filter(&mut out, false, &mut ctx.stream);
+            ctx.relay.filter(&mut out, false);
             if let Some(c) = out {
                 held.extend_from_slice(&c);
             }
-            if ctx.stream.content {
+            let signals = *ctx.relay.signals();
+            if signals.content {
                 break;
             }
-            match ctx.stream.error {
+            if ctx.relay.bad_upstream().is_some() {
+                return Step::Failed(Outcome::ServerError, Advance::NextDeployment);
+            }
+            match signals.error {
                 Some(InbandError::InvalidRequest) => {
                     // The request itself was refused: another target would refuse it too.
                     return answer_refusal(session, ctx).await;
@@ -242,7 +283,7 @@ async fn drive(
                 Some(_) => return Step::Failed(Outcome::StreamError, Advance::NextDeployment),
                 None => {}
             }
-            if ctx.stream.done || ctx.stream.empty_choices {
+            if signals.terminal || signals.empty_choices {
                 return Step::Failed(Outcome::Empty, Advance::NextDeployment);
             }
         }

@@ -12,16 +12,8 @@ use pingora_proxy::Session;
 use super::body::{self, BodyError, Framing};
 use super::ctx::RequestCtx;
 use super::{hold, planning, respond};
-use crate::adapters::openai::ChatRequest;
-use crate::adapters::surface::Surface;
-
-/// The surfaces served so far.
-const SERVED: [Surface; 4] = [
-    Surface::ChatCompletions,
-    Surface::Completions,
-    Surface::Responses,
-    Surface::Embeddings,
-];
+use crate::adapters::caller::CallerRequest;
+use crate::adapters::surface::{Dialect, Surface};
 use crate::error::{ErrorCode, GatewayError};
 use crate::metrics::Metrics;
 use crate::routing::{Router, Tables};
@@ -46,13 +38,20 @@ pub async fn admit(
 
     let req = session.req_header();
     if req.method == Method::GET && matches!(req.uri.path(), "/v1/models" | "/models") {
-        let body = respond::models_body(&tables);
+        // The Anthropic SDK always sends its API version.
+        let dialect = if req.headers.contains_key("anthropic-version") {
+            ctx.surface = Surface::Messages;
+            Dialect::Anthropic
+        } else {
+            Dialect::OpenAi
+        };
+        let body = respond::models_body(&tables, dialect);
         respond::write_json(session, ctx, 200, body, None).await?;
         return Ok(true);
     }
     let admitted = match check_request_line(session, ctx, &tables) {
         Err(refusal) => Err(refusal),
-        Ok(()) => match read_request(session, &tables).await? {
+        Ok(()) => match read_request(session, ctx.surface, &tables).await? {
             Err(refusal) => Err(refusal),
             Ok((request, own_replay)) => {
                 planning::plan_request(session, ctx, router, &tables, request).map(|()| own_replay)
@@ -79,8 +78,7 @@ fn check_request_line(
 ) -> Result<(), GatewayError> {
     let req = session.req_header();
     let path = req.uri.path();
-    let surface = Surface::from_path(path).filter(|s| SERVED.contains(s));
-    let Some(surface) = surface else {
+    let Some(surface) = Surface::from_path(path) else {
         let code = if matches!(path, "/v1/models" | "/models") {
             ErrorCode::MethodNotAllowed
         } else {
@@ -88,7 +86,7 @@ fn check_request_line(
         };
         return Err(GatewayError::new(
             code,
-            "no such endpoint; signalbox serves POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings and GET /v1/models",
+            "no such endpoint; signalbox serves POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/messages, /v1/messages/count_tokens and GET /v1/models",
         ));
     };
     ctx.surface = surface;
@@ -117,8 +115,9 @@ fn check_request_line(
 /// A refusal that leaves body bytes unread also closes the connection after the answer.
 async fn read_request(
     session: &mut Session,
+    surface: Surface,
     tables: &Tables,
-) -> pingora_error::Result<Result<(ChatRequest, bool), GatewayError>> {
+) -> pingora_error::Result<Result<(CallerRequest, bool), GatewayError>> {
     let limit = tables.limits.max_request_body;
     let too_large = |session: &mut Session| {
         session.set_keepalive(None);
@@ -147,7 +146,7 @@ async fn read_request(
         Err(BodyError::Read(e)) => return Err(e),
     };
     let own_replay = body.own_replay;
-    Ok(ChatRequest::parse(body.bytes)
+    Ok(CallerRequest::parse(surface, body.bytes)
         .map(|request| (request, own_replay))
-        .map_err(|e| GatewayError::new(ErrorCode::InvalidRequest, e.message())))
+        .map_err(|message| GatewayError::new(ErrorCode::InvalidRequest, message)))
 }

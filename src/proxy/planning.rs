@@ -13,7 +13,8 @@ use pingora_proxy::Session;
 
 use super::ctx::RequestCtx;
 use super::respond;
-use crate::adapters::openai::ChatRequest;
+use crate::adapters::caller::CallerRequest;
+use crate::adapters::surface::Conversion;
 use crate::catalog::stable_hash;
 use crate::error::{ErrorCode, GatewayError};
 use crate::retry::Advance;
@@ -57,7 +58,7 @@ pub fn plan_request(
     ctx: &mut RequestCtx,
     router: &Router,
     tables: &Arc<Tables>,
-    request: ChatRequest,
+    request: CallerRequest,
 ) -> Result<(), GatewayError> {
     let headers = &session.req_header().headers;
     let value = |name: &http::HeaderName| headers.get(name).map(http::HeaderValue::as_bytes);
@@ -68,7 +69,7 @@ pub fn plan_request(
     )
     .map_err(|why| GatewayError::new(ErrorCode::InvalidRequest, why))?;
     let seed = stable_hash(ctx.request_id.as_bytes());
-    let steering = steering_headers.steer(&request, seed);
+    let steering = steering_headers.steer(ctx.surface, &request, seed);
     let routed = decide::route(tables, &steering).map_err(|e| e.answer(&request))?;
     let route = tables.route(routed.route);
     ctx.route = Some(routed.route);
@@ -84,19 +85,27 @@ pub fn plan_request(
     let env = plan_env(router, tables);
     let facts = RequestFacts {
         input_tokens: request.prompt_tokens(),
-        output_tokens: request.max_tokens.unwrap_or(decide::DEFAULT_OUTPUT_TOKENS),
+        output_tokens: request
+            .max_tokens()
+            .unwrap_or(decide::DEFAULT_OUTPUT_TOKENS),
         prefix_hash: (routed.strategy == Strategy::PrefixAffinity)
             .then(|| prefix_hash(request.prompt(), tables.routing.prefix_bytes)),
         session: ctx.session.and_then(|h| router.sessions.get(h, env.now_ms)),
         round_robin: route.round_robin.fetch_add(1, Ordering::Relaxed),
         // Request ids are unique per request: a fresh seed for this request's draws.
         seed,
-        needs: request.needs,
+        needs: request.needs(),
         surface: ctx.surface,
     };
     let rankings = router.rankings.load();
     let mut plan = decide::plan(tables, &rankings, &env, &routed, facts);
     ctx.pending = next_target(&mut plan, &env, Advance::NextDeployment);
+    ctx.translates = (0..plan.len()).any(|position| {
+        plan.deployment(&tables.catalog, position).is_some_and(|d| {
+            let kind = tables.catalog.provider(d.provider).kind;
+            ctx.surface.served_by(kind) != Some(Conversion::Same)
+        })
+    });
     ctx.request = Some(request);
     ctx.routed = Some(routed);
     let refusal = ctx.pending.is_none().then(|| {

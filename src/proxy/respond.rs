@@ -1,4 +1,5 @@
-//! Responses signalbox writes itself: errors in the OpenAI shape, `GET /v1/models`, and the
+//! Responses signalbox writes itself: errors in the caller's dialect (OpenAI's shape, or
+//! Anthropic's for `/v1/messages` callers), `GET /v1/models` in the caller's dialect, and the
 //! routing headers every proxied response carries.
 
 use std::time::Instant;
@@ -9,6 +10,8 @@ use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 
 use super::ctx::RequestCtx;
+use crate::adapters::chat_messages::gateway_error_to_anthropic;
+use crate::adapters::surface::Dialect;
 use crate::error::GatewayError;
 use crate::routing::decide::{Routed, Via};
 use crate::routing::plan::Plan;
@@ -48,14 +51,21 @@ pub async fn write_error(
     ctx: &mut RequestCtx,
     err: GatewayError,
 ) -> pingora_error::Result<()> {
-    let body = err.body();
+    let body = match ctx.surface.dialect() {
+        Dialect::OpenAi => err.body(),
+        Dialect::Anthropic => Bytes::from(gateway_error_to_anthropic(err.status, &err.body())),
+    };
     let (status, retry_after) = (err.status, err.retry_after);
     ctx.local_error = Some(err);
     write_json(session, ctx, status, body, retry_after).await
 }
 
-/// `GET /v1/models`: every caller-facing name, chains as `auto:<name>`.
-pub fn models_body(tables: &Tables) -> Bytes {
+/// `GET /v1/models`: every caller-facing name, chains as `auto:<name>`, in the caller's
+/// dialect (an Anthropic SDK, which sends `anthropic-version`, gets Anthropic's list shape).
+pub fn models_body(tables: &Tables, dialect: Dialect) -> Bytes {
+    if dialect == Dialect::Anthropic {
+        return crate::adapters::anthropic::models_list(&tables.public_model_ids());
+    }
     let data: Vec<serde_json::Value> = tables
         .public_model_ids()
         .iter()

@@ -12,9 +12,8 @@ use pingora_http::ResponseHeader;
 
 use super::ctx::RequestCtx;
 use super::{planning, respond};
-use crate::adapters::openai::{
-    fixed_json_length, is_context_length_error, sse_error_event_for, ChatRequest, ResponseRewriter,
-};
+use crate::adapters::caller::CallerRequest;
+use crate::adapters::relay::{is_context_length_error, stream_error_event, Relay, Reply};
 use crate::retry::{self, Advance, Outcome, StatusVerdict};
 
 /// Response headers of the provider that describe its account, not the answer.
@@ -41,7 +40,7 @@ pub fn on_upstream_header(
     }
     match retry::classify_status(status) {
         StatusVerdict::Success => {
-            choose_rewriter(ctx, upstream_response);
+            choose_relay(ctx, upstream_response);
             ctx.served = ctx.current;
             Ok(())
         }
@@ -50,10 +49,7 @@ pub fn on_upstream_header(
             // context-length error moves to a larger context window only): the decision is
             // made on the body, before the header goes out.
             ctx.client_error_pending = ctx.failover_on_client_error;
-            ctx.rewriter = ResponseRewriter::Replace {
-                status,
-                sniff: BytesMut::new(),
-            };
+            ctx.relay = Relay::refusal(ctx.surface, ctx.conversion, status);
             let mut fresh = ResponseHeader::build(status, Some(4))?;
             fresh.insert_header("content-type", "application/json")?;
             fresh.insert_header("transfer-encoding", "chunked")?;
@@ -84,12 +80,13 @@ pub fn on_upstream_header(
     }
 }
 
-/// How the body of a successful response is rewritten, and its framing to match: an SSE
-/// stream is rewritten event by event (re-framed); a JSON body keeps a length framing when the
-/// upstream gave one (raised to the bound `fixed_json_length` guarantees), else is re-framed.
-/// A compressed body is relayed untouched (signalbox never asks for compression, so only a
-/// provider that ignores `Accept-Encoding` sends one).
-fn choose_rewriter(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader) {
+/// How the body of a successful response is relayed, and its framing to match: an SSE stream
+/// is rewritten (or translated) event by event (re-framed); a same-dialect JSON body keeps a
+/// length framing when the upstream gave one (raised to the bound `fixed_json_length`
+/// guarantees), a translated one is re-framed. A compressed body is relayed untouched
+/// (signalbox never asks for compression, so only a provider that ignores `Accept-Encoding`
+/// sends one).
+fn choose_relay(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader) {
     let headers = &upstream_response.headers;
     let encoded = headers
         .get(header::CONTENT_ENCODING)
@@ -101,45 +98,60 @@ fn choose_rewriter(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader)
         .get(header::CONTENT_TYPE)
         .map(|v| v.as_bytes())
         .unwrap_or_default();
-    let caller_model = ctx
-        .request
-        .as_ref()
-        .map(ChatRequest::model_literal)
-        .unwrap_or_default();
-    let mut fixed_len = None;
-    if starts_with_ignore_case(content_type, b"text/event-stream") {
+    let request = ctx.request.as_ref();
+    let provider_id = ctx.current.and_then(|a| {
+        let tables = ctx.tables.as_ref()?;
+        tables
+            .response
+            .provider_field
+            .then(|| tables.catalog.provider(a.provider).id.clone())
+    });
+    let reply = Reply {
+        surface: ctx.surface,
+        conversion: ctx.conversion,
+        caller_model: request
+            .map(CallerRequest::model_literal)
+            .unwrap_or_default(),
+        provider: provider_id.as_deref(),
+        strip_usage: request.is_some_and(|r| r.adds_stream_usage(ctx.surface)),
+        caller_usage: request.is_some_and(CallerRequest::caller_wants_stream_usage),
+    };
+    let sse = starts_with_ignore_case(content_type, b"text/event-stream");
+    if sse {
         ctx.is_sse = true;
-        ctx.rewriter = ResponseRewriter::Sse {
-            caller_model,
-            carry: BytesMut::new(),
-        };
+        ctx.relay = Relay::sse(&reply);
     } else if starts_with_ignore_case(content_type, b"application/json") {
-        fixed_len = headers
+        let upstream_len = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok())
-            .map(|len| fixed_json_length(len, &caller_model));
-        ctx.rewriter = ResponseRewriter::Json {
-            caller_model,
-            buf: BytesMut::new(),
-            fixed_len,
-        };
+            .and_then(|v| v.parse::<usize>().ok());
+        ctx.relay = Relay::json(&reply, upstream_len);
     }
-    if let Some(len) = fixed_len {
-        respond::edit_response_parts(upstream_response, |parts| {
+    let translated_type = match ctx.conversion {
+        crate::adapters::surface::Conversion::Same => None,
+        _ if sse => Some("text/event-stream"),
+        _ => Some("application/json"),
+    };
+    let fixed_len = ctx.relay.fixed_len();
+    let changes_length = ctx.relay.changes_length();
+    respond::edit_response_parts(upstream_response, |parts| {
+        if let Some(len) = fixed_len {
             parts
                 .headers
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-        });
-    } else if ctx.rewriter.changes_length() {
-        respond::edit_response_parts(upstream_response, |parts| {
+        } else if changes_length {
             parts.headers.remove(header::CONTENT_LENGTH);
             parts.headers.insert(
                 header::TRANSFER_ENCODING,
                 HeaderValue::from_static("chunked"),
             );
-        });
-    }
+        }
+        if let Some(t) = translated_type {
+            parts
+                .headers
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(t));
+        }
+    });
 }
 
 /// `response_filter`: routing headers; from here on the request is committed.
@@ -167,14 +179,14 @@ pub fn on_body(
     end_of_stream: bool,
     header_written: bool,
 ) -> pingora_error::Result<()> {
-    ctx.rewriter.filter(body, end_of_stream, &mut ctx.stream);
+    ctx.relay.filter(body, end_of_stream);
     if ctx.client_error_pending && end_of_stream {
         ctx.client_error_pending = false;
         if header_written {
             ctx.committed = true;
         } else {
             let context = ctx
-                .rewriter
+                .relay
                 .refused_body()
                 .is_some_and(is_context_length_error);
             if context {
@@ -191,9 +203,10 @@ pub fn on_body(
             .into_up());
         }
     }
-    if end_of_stream && ctx.is_sse && !ctx.stream.done && !ctx.stream.upstream_error_event {
+    let signals = *ctx.relay.signals();
+    if end_of_stream && ctx.is_sse && !signals.terminal && signals.error.is_none() {
         // Say so in-band rather than let a truncated answer look complete.
-        let (msg, code) = if ctx.stream.data_events == 0 {
+        let (msg, code) = if !signals.content {
             (
                 "the provider ended the stream without producing any output",
                 "upstream_empty_stream",
@@ -208,7 +221,7 @@ pub fn on_body(
         if let Some(b) = body.take() {
             out.extend_from_slice(&b);
         }
-        out.extend_from_slice(&sse_error_event_for(ctx.surface, msg, code));
+        out.extend_from_slice(&stream_error_event(ctx.surface, msg, code));
         *body = Some(out.freeze());
         ctx.stream_broken = true;
     }
@@ -224,7 +237,7 @@ fn context_floor(ctx: &RequestCtx) -> u64 {
         tables.catalog.model(d.model?).context_window
     });
     window.map_or_else(
-        || ctx.request.as_ref().map_or(0, ChatRequest::prompt_tokens),
+        || ctx.request.as_ref().map_or(0, CallerRequest::prompt_tokens),
         u64::from,
     )
 }

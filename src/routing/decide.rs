@@ -21,7 +21,9 @@ use super::policy::{PolicyIdx, RuleDest, Selection};
 use super::rank::Rankings;
 use super::scoring::{rank, RankBy};
 use super::{resolve, Resolution, ResolveError, RouteIdx, Tables};
-use crate::adapters::openai::{ChatRequest, Complexity};
+use crate::adapters::caller::CallerRequest;
+use crate::adapters::openai::Complexity;
+use crate::adapters::surface::Surface;
 use crate::catalog::{Deployment, DeploymentIdx, ProviderIdx};
 use crate::config::condition::{FactValue, Facts, Field};
 use crate::config::Strategy;
@@ -124,8 +126,14 @@ impl SteeringHeaders {
     }
 
     /// The steering of `request` with these headers.
-    pub fn steer<'a>(&'a self, request: &'a ChatRequest, seed: u64) -> Steering<'a> {
+    pub fn steer<'a>(
+        &'a self,
+        surface: Surface,
+        request: &'a CallerRequest,
+        seed: u64,
+    ) -> Steering<'a> {
         Steering {
+            surface,
             request,
             route_header: self.route.as_deref(),
             router_off: self.router_off,
@@ -138,7 +146,9 @@ impl SteeringHeaders {
 /// What a request says about where it goes, beyond its body.
 #[derive(Debug, Clone, Copy)]
 pub struct Steering<'a> {
-    pub request: &'a ChatRequest,
+    /// The endpoint the request came to.
+    pub surface: Surface,
+    pub request: &'a CallerRequest,
     /// `x-llm-route`.
     pub route_header: Option<&'a str>,
     /// `x-llm-router: off`.
@@ -160,12 +170,12 @@ impl Facts for RequestFactsView<'_> {
         let r = self.steering.request;
         #[allow(clippy::cast_precision_loss)]
         Some(match field {
-            Field::Endpoint => FactValue::Str("chat.completions"),
-            Field::Stream => FactValue::Bool(r.stream),
-            Field::Tools => FactValue::Bool(r.needs.tools),
-            Field::Vision => FactValue::Bool(r.needs.vision),
+            Field::Endpoint => FactValue::Str(self.steering.surface.rule_name()),
+            Field::Stream => FactValue::Bool(r.stream()),
+            Field::Tools => FactValue::Bool(r.needs().tools),
+            Field::Vision => FactValue::Bool(r.needs().vision),
             Field::Model => FactValue::Str(self.model),
-            Field::MaxTokens => FactValue::Num(r.max_tokens? as f64),
+            Field::MaxTokens => FactValue::Num(r.max_tokens()? as f64),
             Field::PromptTokens => FactValue::Num(r.prompt_tokens() as f64),
             Field::Metadata(k) => return self.steering.metadata.get(k),
             // No caller keys yet: these never match.
@@ -229,7 +239,7 @@ pub fn route(tables: &Tables, steering: &Steering<'_>) -> Result<Routed, DecideE
         steering,
         model: &model,
     };
-    let overrides = request.routing.as_ref();
+    let overrides = request.routing();
     let named_policy = match (
         overrides.and_then(|r| r.policy.as_deref()),
         steering.route_header,
@@ -426,10 +436,10 @@ pub fn plan(
 impl DecideError {
     /// The answer the caller gets, in signalbox's words (names echoed only when they are the
     /// caller's own input, short and printable).
-    pub fn answer(&self, request: &ChatRequest) -> GatewayError {
+    pub fn answer(&self, request: &CallerRequest) -> GatewayError {
         let e = self.clone();
         let invalid = |m: String| GatewayError::new(ErrorCode::InvalidRequest, m);
-        let routing = request.routing.as_ref();
+        let routing = request.routing();
         match e {
             DecideError::Resolve(e) => resolve_error(e, &request.model_name()),
             DecideError::NoSuchPolicy { header: true } => {
@@ -483,6 +493,7 @@ fn truncate(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::adapters::openai::ChatRequest;
     use crate::testing::Fixture;
     use bytes::Bytes;
 
@@ -583,7 +594,8 @@ rules:
         ];
         for (model, extra, route, metadata, label, how) in cases {
             let body = format!(r#"{{"model":"{model}","messages":[]{extra}}}"#);
-            let request = ChatRequest::parse(Bytes::from(body)).expect("a valid body");
+            let request =
+                CallerRequest::OpenAi(ChatRequest::parse(Bytes::from(body)).expect("a valid body"));
             let headers = SteeringHeaders {
                 route: route.map(str::to_string),
                 router_off: false,
@@ -593,7 +605,8 @@ rules:
                     Metadata::parse(metadata.as_bytes()).expect("metadata")
                 },
             };
-            let routed = super::route(&t, &headers.steer(&request, 7)).expect("routed");
+            let routed = super::route(&t, &headers.steer(Surface::ChatCompletions, &request, 7))
+                .expect("routed");
             let got = match routed.via {
                 Via::Model => "model".to_string(),
                 Via::Rule(n) => format!("rule {n}"),
@@ -621,22 +634,26 @@ rules:
     #[test]
     fn names_that_do_not_exist_are_refused() {
         let t = Fixture::new(CONFIG).tables();
-        let request = ChatRequest::parse(Bytes::from_static(
-            br#"{"model":"ma","routing":{"policy":"nope"}}"#,
-        ))
-        .expect("valid");
+        let request = CallerRequest::OpenAi(
+            ChatRequest::parse(Bytes::from_static(
+                br#"{"model":"ma","routing":{"policy":"nope"}}"#,
+            ))
+            .expect("valid"),
+        );
         let headers = SteeringHeaders::default();
         assert_eq!(
-            super::route(&t, &headers.steer(&request, 1)).err(),
+            super::route(&t, &headers.steer(Surface::ChatCompletions, &request, 1)).err(),
             Some(DecideError::NoSuchPolicy { header: false })
         );
         let headers = SteeringHeaders {
             route: Some("nope".into()),
             ..SteeringHeaders::default()
         };
-        let request = ChatRequest::parse(Bytes::from_static(br#"{"model":"ma"}"#)).expect("ok");
+        let request = CallerRequest::OpenAi(
+            ChatRequest::parse(Bytes::from_static(br#"{"model":"ma"}"#)).expect("ok"),
+        );
         assert_eq!(
-            super::route(&t, &headers.steer(&request, 1)).err(),
+            super::route(&t, &headers.steer(Surface::ChatCompletions, &request, 1)).err(),
             Some(DecideError::NoSuchPolicy { header: true })
         );
     }

@@ -19,7 +19,7 @@ use super::plan::{Plan, PlanEnv, RequestFacts};
 use super::policy::{EntryRouter, Pick};
 use super::scoring::cost_micro;
 use super::{Router, Tables};
-use crate::adapters::openai::ChatRequest;
+use crate::adapters::caller::CallerRequest;
 use crate::catalog::stable_hash;
 use crate::error::{ErrorCode, GatewayError};
 use crate::retry::Advance;
@@ -32,9 +32,9 @@ pub fn explain<'a>(
     header: impl Fn(&str) -> Option<&'a [u8]>,
 ) -> Value {
     let tables = router.tables.load_full();
-    let request = match ChatRequest::parse(body) {
+    let request = match CallerRequest::parse(surface, body) {
         Ok(r) => r,
-        Err(e) => return error(&GatewayError::new(ErrorCode::InvalidRequest, e.message())),
+        Err(message) => return error(&GatewayError::new(ErrorCode::InvalidRequest, message)),
     };
     let headers = match SteeringHeaders::read(
         header("x-llm-route"),
@@ -46,7 +46,7 @@ pub fn explain<'a>(
     };
     // A fixed seed per body: the same request explains the same way twice.
     let seed = stable_hash(request.prompt());
-    let steering = headers.steer(&request, seed);
+    let steering = headers.steer(surface, &request, seed);
     let routed = match decide::route(&tables, &steering) {
         Ok(r) => r,
         Err(e) => return error(&e.answer(&request)),
@@ -59,12 +59,14 @@ pub fn explain<'a>(
     };
     let facts = RequestFacts {
         input_tokens: request.prompt_tokens(),
-        output_tokens: request.max_tokens.unwrap_or(decide::DEFAULT_OUTPUT_TOKENS),
+        output_tokens: request
+            .max_tokens()
+            .unwrap_or(decide::DEFAULT_OUTPUT_TOKENS),
         prefix_hash: None,
         session: None,
         round_robin: 0,
         seed,
-        needs: request.needs,
+        needs: request.needs(),
         surface,
     };
     let rankings = router.rankings.load();
@@ -101,10 +103,10 @@ pub fn explain<'a>(
         "strategy": routed.strategy.as_str(),
         "smart_fallback": routed.smart_fallback,
         "needs": {
-            "stream": request.needs.stream,
-            "tools": request.needs.tools,
-            "vision": request.needs.vision,
-            "json_mode": request.needs.json_mode,
+            "stream": request.needs().stream,
+            "tools": request.needs().tools,
+            "vision": request.needs().vision,
+            "json_mode": request.needs().json_mode,
             "prompt_tokens": request.prompt_tokens(),
         },
         "first": plan.first_position().map(|p| json!({
@@ -138,7 +140,7 @@ fn route_header(tables: &Tables, routed: &decide::Routed) -> String {
 }
 
 /// How the request reached its route: rules tried, the policy entry that held and its pick.
-fn via(tables: &Tables, routed: &decide::Routed, request: &ChatRequest) -> Value {
+fn via(tables: &Tables, routed: &decide::Routed, request: &CallerRequest) -> Value {
     let rule = |n: Option<usize>| n.map(|n| json!({ "rule": n, "matched": true }));
     match routed.via {
         Via::Model => json!({ "kind": "model" }),

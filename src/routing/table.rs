@@ -20,7 +20,7 @@ use http::HeaderValue;
 
 use super::policy::{PolicyIdx, PolicyTable, RuleTable};
 use crate::catalog::{Catalog, DeploymentIdx, ProviderIdx};
-use crate::config::{Config, Failover, Limits, RoutingKnobs, Strategy};
+use crate::config::{Config, Failover, Limits, ResponseConfig, RoutingKnobs, Strategy};
 use crate::health::HealthRegistry;
 use crate::metrics::{BoundMetrics, Metrics, RoutingLabels};
 
@@ -128,6 +128,8 @@ pub struct Tables {
     pub failover: Failover,
     pub limits: Limits,
     pub routing: RoutingKnobs,
+    /// What signalbox adds to response bodies.
+    pub response: ResponseConfig,
     pub metrics: BoundMetrics,
 }
 
@@ -293,6 +295,7 @@ impl Tables {
             failover: config.failover,
             limits: config.limits,
             routing: config.routing,
+            response: config.response,
             metrics: bound,
         }
     }

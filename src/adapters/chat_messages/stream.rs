@@ -231,6 +231,17 @@ impl MessagesStreamToChat {
     pub fn signals(&self) -> &Signals {
         &self.state.signals
     }
+
+    /// Every object that names the model names the provider too (`response.provider_field`):
+    /// `"provider": provider` follows the `model` member.
+    pub fn with_provider(mut self, provider: &str) -> Self {
+        self.state.caller_model.extend_from_slice(b",\"provider\":");
+        self.state
+            .caller_model
+            .extend_from_slice(&json_literal(provider));
+        self.state.set_head("");
+        self
+    }
 }
 
 impl MessagesToChatState {
@@ -570,6 +581,16 @@ impl ChatStreamToMessages {
 
     pub fn signals(&self) -> &Signals {
         &self.state.signals
+    }
+
+    /// Every object that names the model names the provider too (`response.provider_field`):
+    /// `"provider": provider` follows the `model` member.
+    pub fn with_provider(mut self, provider: &str) -> Self {
+        self.state.caller_model.extend_from_slice(b",\"provider\":");
+        self.state
+            .caller_model
+            .extend_from_slice(&json_literal(provider));
+        self
     }
 }
 

@@ -79,5 +79,8 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
         routing,
         pingora: file.pingora,
         log,
+        response: super::types::ResponseConfig {
+            provider_field: file.response.provider_field,
+        },
     })
 }

@@ -34,6 +34,8 @@ trap cleanup EXIT INT TERM
 pids+=($!)
 # The admin API's write token (conf/signalbox.yaml: admin.token_env).
 export SIGNALBOX_ADMIN_TOKEN="${SIGNALBOX_ADMIN_TOKEN:-demo-admin-token}"
+# The Anthropic-kind mock provider's key (conf/signalbox.yaml: mock-claude, anthropic-down).
+export DEMO_ANTHROPIC_KEY="${DEMO_ANTHROPIC_KEY:-sk-ant-demo}"
 ./target/debug/signalbox -c conf/signalbox.yaml &
 pids+=($!)
 
@@ -53,6 +55,7 @@ curl -sS -D - -o /dev/null http://127.0.0.1:8080/v1/chat/completions \
   -d '{"model":"auto","messages":[{"role":"user","content":"hello"}]}' | grep -i -E '^(HTTP|x-llm|x-routed|server-timing)'
 echo
 echo "Try a stream:  curl -N http://127.0.0.1:8080/v1/chat/completions -d '{\"model\":\"fast\",\"stream\":true}'"
+echo "Anthropic SDK: curl http://127.0.0.1:8080/v1/messages -H 'anthropic-version: 2023-06-01' -d '{\"model\":\"auto:mixed\",\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'"
 echo "Admin API:     curl -H \"authorization: Bearer $SIGNALBOX_ADMIN_TOKEN\" http://127.0.0.1:9090/admin/health"
 echo "(admin writes rewrite conf/signalbox.yaml without its comments: git checkout restores it)"
 echo "Ctrl-C to stop."

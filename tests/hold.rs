@@ -180,3 +180,26 @@ async fn streams_flow_through_the_hold_chunk_by_chunk() {
         "{log}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_provider_error_event_after_content_is_an_aborted_stream() {
+    let a = mock("a").await;
+    a.set_default(Behaviour::InbandErrorAfter {
+        chunks: 2,
+        error_type: None,
+    });
+    let b = mock("b").await;
+    let gw = Gateway::start(two(&a, &b, ""));
+    let r = post_chat(&gw, &stream_body()).await;
+    assert_eq!(header(&r, "x-llm-provider"), "a");
+    let (text, _) = read_all(r).await;
+    assert!(
+        text.contains("\"error\""),
+        "the provider's error reaches the caller: {text}"
+    );
+    assert!(!text.contains("[DONE]"), "never a clean end: {text}");
+    assert_eq!(b.calls(), 0, "no attempt after the first byte");
+    let line = r#"signalbox_attempts_total{provider="a",outcome="stream_aborted"} 1"#;
+    let m = gw.metrics_with(&[line]).await;
+    assert!(m.contains(line), "{m}");
+}

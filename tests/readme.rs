@@ -106,6 +106,7 @@ async fn the_readme_demo_is_true() {
         );
     let gw = GatewayBuilder::new(conf)
         .verbatim()
+        .env("DEMO_ANTHROPIC_KEY", "sk-ant-demo")
         .listening_on(proxy, admin)
         .start();
 

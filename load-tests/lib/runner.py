@@ -43,10 +43,14 @@ STATIC_COMPLETION = (
 FOREIGN_FLAG = 15.0
 
 SB_HEALTH = "signalbox (breakers on)"
+# signalbox with `failover.first_chunk_hold: 0`: streams take Pingora's own proxy loop (the fast
+# path) instead of the hold path, which holds each stream's header until its first content.
+SB_NO_HOLD = "signalbox (hold off)"
 # "pingora": examples/plain_pingora.rs, a Pingora proxy that forwards everything to one upstream
 # with keep-alive and does no routing work: the floor of any Pingora-based proxy on this machine.
 PLAIN_PINGORA = os.path.join("examples", "plain_pingora")
-SYSTEM_ORDER = ["direct", "nginx", "haproxy", "pingora", "signalbox", SB_HEALTH, "litellm"]
+SYSTEM_ORDER = ["direct", "nginx", "haproxy", "pingora", "signalbox", SB_NO_HOLD, SB_HEALTH,
+                "litellm"]
 
 
 class SystemUnavailable(Exception):
@@ -398,7 +402,8 @@ backend be
 HEALTH_OFF = {"failure_threshold": 4294967295, "bench_after": 64, "bench_window": "1ms"}
 
 
-def signalbox_conf(ctx, port, admin, providers, models, threads, health=None, modern=True):
+def signalbox_conf(ctx, port, admin, providers, models, threads, health=None, modern=True,
+                   failover=None):
     """providers: {id: port}; models: {name: [provider id, ...]} (deployment order).
     `modern`: the config has `strategy` and `health` (signalbox with health-scored routing;
     older builds reject these keys as unknown)."""
@@ -424,6 +429,8 @@ def signalbox_conf(ctx, port, admin, providers, models, threads, health=None, mo
             m["strategy"] = "priority"  # the deployments in the order written
         if health:
             conf["health"] = health
+    if failover:
+        conf["failover"] = failover
     path = os.path.join(d, "signalbox.json")
     with open(path, "w") as f:
         json.dump(conf, f, indent=1)
@@ -510,7 +517,7 @@ def start_static_upstream(ctx):
 
 
 def start_system(ctx, system, upstreams, failover=False, sb_models=None, sb_providers=None,
-                 sb_health=None, sb_require_health=False):
+                 sb_health=None, sb_require_health=False, sb_failover=None):
     """Start one proxy in front of `upstreams` (ports). Returns (Proc, port, info)."""
     n = ctx.args.threads
     port = free_port()
@@ -548,7 +555,8 @@ def start_system(ctx, system, upstreams, failover=False, sb_models=None, sb_prov
         providers = sb_providers or {"up": upstreams[0]}
         models = sb_models or {"lt-model": ["up"]}
         binary = os.path.join(ctx.bin_dir, "signalbox")
-        conf = signalbox_conf(ctx, port, admin, providers, models, n, sb_health, ctx.sb_modern)
+        conf = signalbox_conf(ctx, port, admin, providers, models, n, sb_health, ctx.sb_modern,
+                              sb_failover)
         chk = subprocess.run([binary, "-t", "-c", conf], capture_output=True, text=True,
                              env=ctx.env, timeout=30)
         out = chk.stdout + chk.stderr
@@ -635,6 +643,10 @@ def start_under_test(ctx, system, up_port, upstream, stream=False):
     try:
         if system == "direct":
             port, server = up_port, upstream
+        elif system == SB_NO_HOLD:
+            proc, port, _ = start_system(ctx, "signalbox", [up_port],
+                                         sb_failover={"first_chunk_hold": "0s"})
+            server = proc
         else:
             proc, port, _ = start_system(ctx, system, [up_port])
             server = proc
@@ -896,7 +908,10 @@ def scenario_b(ctx):
     lw = "b stream: wrk 64 conns (whole stream)"
     lt = "b stream: TTFB, %d conns" % sse_conns
     lc = "b stream: per-chunk delay"
-    for system in systems_for(ctx):
+    # signalbox twice: streams on the hold path (the default) and on the fast path (hold off).
+    order = systems_for(ctx)
+    order.insert(order.index("signalbox") + 1, SB_NO_HOLD)
+    for system in order:
         try:
             proc, port, server = start_under_test(ctx, system, up_port, up, stream=True)
         except SystemUnavailable as e:
@@ -1120,7 +1135,7 @@ def scenario_f(ctx):
     bound = n / ramp + stream_s + 40
     # The same client straight to the mock first: its TTFB under this connection ramp is the
     # client's own baseline (the client and the mock share the load CPU).
-    for system in ("direct", "nginx", "pingora", "signalbox"):
+    for system in ("direct", "nginx", "pingora", "signalbox", SB_NO_HOLD):
         try:
             proc, port, server = start_under_test(ctx, system, up_port, up)
         except SystemUnavailable as e:

@@ -645,7 +645,16 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     memchr::memmem::find(hay, needle).is_some()
 }
 
-const RESPONSE_KEYS: &[&[u8]] = &[b"model", b"usage", b"choices", b"error", b"type", b"delta"];
+const RESPONSE_KEYS: &[&[u8]] = &[
+    b"model",
+    b"usage",
+    b"choices",
+    b"error",
+    b"type",
+    b"delta",
+    b"response",
+];
+const MODEL_KEY: &[&[u8]] = &[b"model"];
 
 /// Replace the top-level `model` of a JSON object (unchanged if it is not one). With
 /// `fixed_len`, the result is exactly that long: trailing whitespace pads it (see
@@ -837,17 +846,31 @@ fn rewrite_sse_line(
     if strip_usage && is_usage_chunk(payload, &scan) {
         return true;
     }
-    match scan.get(0) {
-        Some(m) if payload.get(m.value.start) == Some(&b'"') => {
-            let at = payload_start + m.value.start;
-            let end = payload_start + m.value.end;
+    match model_value(payload, &scan) {
+        Some(m) => {
+            let at = payload_start + m.start;
+            let end = payload_start + m.end;
             out.put_slice(&line[..at]);
             out.put_slice(caller_model);
             out.put_slice(&line[end..]);
         }
-        _ => out.put_slice(line),
+        None => out.put_slice(line),
     }
     false
+}
+
+/// Where an event's `model` string is: top-level (chat and completion chunks), or inside the
+/// `response` object of a Responses API event (`response.created`, `response.completed`, …).
+fn model_value(doc: &[u8], scan: &json::Scan) -> Option<Range<usize>> {
+    let is_string = |r: &Range<usize>| doc.get(r.start) == Some(&b'"');
+    if let Some(m) = scan.get(0) {
+        return Some(m.value.clone()).filter(is_string);
+    }
+    let response = scan.get(6)?.value.clone();
+    let nested = json::scan_object_lenient(&doc[response.clone()], MODEL_KEY).ok()?;
+    let m = nested.get(0)?.value.clone();
+    let m = response.start + m.start..response.start + m.end;
+    Some(m).filter(is_string)
 }
 
 #[cfg(test)]
@@ -914,6 +937,23 @@ mod tests {
             assert!(!stats.empty_choices, "a usage chunk is not an empty answer");
             assert_eq!(out.is_empty(), strip);
         }
+    }
+
+    #[test]
+    fn a_responses_event_gets_the_callers_model_inside_its_response() {
+        let line = b"data: {\"type\":\"response.created\",\"response\":{\"id\":\"r1\",\"model\":\"gpt-4o-2024\",\"status\":\"in_progress\"}}\n";
+        let mut out = BytesMut::new();
+        rewrite_sse_line(
+            line,
+            b"\"mine\"",
+            false,
+            &mut StreamStats::default(),
+            &mut out,
+        );
+        assert_eq!(
+            &out[..],
+            &b"data: {\"type\":\"response.created\",\"response\":{\"id\":\"r1\",\"model\":\"mine\",\"status\":\"in_progress\"}}\n"[..]
+        );
     }
 
     #[test]

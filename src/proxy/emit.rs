@@ -34,9 +34,13 @@ fn settle_last_attempt(ctx: &mut RequestCtx, e: Option<&Error>) {
     }
     let signals = *ctx.relay.signals();
     let empty = signals.empty_choices || (ctx.is_sse && !signals.content);
+    // The provider's own error event after content ended the stream without its terminal
+    // event: relayed as the caller's error, counted as the aborted stream it is.
+    let errored_after_content =
+        ctx.is_sse && signals.content && signals.error.is_some() && !signals.terminal;
     let outcome = if ctx.served.is_some() && empty && signals.error.is_none() {
         Outcome::Empty
-    } else if ctx.stream_broken && ctx.served.is_some() {
+    } else if (ctx.stream_broken || errored_after_content) && ctx.served.is_some() {
         Outcome::StreamAborted
     } else if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
         Outcome::Cancelled

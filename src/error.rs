@@ -39,6 +39,9 @@ pub enum ErrorCode {
     ContextLengthExceeded,
     /// A field of the request the serving provider's dialect cannot express.
     UnsupportedParameter,
+    /// No candidate's provider kind serves the endpoint called (token counting on a model only
+    /// OpenAI-kind providers serve): a property of the config, not an outage.
+    EndpointNotSupported,
     UpstreamModelNotFound,
     UpstreamError,
     UpstreamTimeout,
@@ -62,6 +65,7 @@ impl ErrorCode {
             ErrorCode::AllCandidatesRejected => "all_candidates_rejected",
             ErrorCode::ContextLengthExceeded => "context_length_exceeded",
             ErrorCode::UnsupportedParameter => "unsupported_parameter",
+            ErrorCode::EndpointNotSupported => "endpoint_not_supported",
             ErrorCode::UpstreamModelNotFound => "upstream_model_not_found",
             ErrorCode::UpstreamError => "upstream_error",
             ErrorCode::UpstreamTimeout => "upstream_timeout",
@@ -76,7 +80,8 @@ impl ErrorCode {
             | ErrorCode::ChainEmpty
             | ErrorCode::AllCandidatesRejected
             | ErrorCode::ContextLengthExceeded
-            | ErrorCode::UnsupportedParameter => 400,
+            | ErrorCode::UnsupportedParameter
+            | ErrorCode::EndpointNotSupported => 400,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::RequestTooLarge => 413,

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 
-use super::server::MockIo;
 use super::surface::{self, Ctx, Frames, Surface};
+use super::tls::MockIo;
 use super::wire::{self, DateCache, Head};
 use super::{Behaviour, Endpoint, StreamShape};
 

@@ -14,13 +14,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
 use super::behave::{self, Call, End, Meta, Writer, JSON};
 use super::request::probe;
 use super::surface::{self, Ctx};
+use super::tls::MockIo;
 use super::wire;
 use super::{lock, Behaviour, Dialect, Endpoint, RecordedRequest, Shared, RECORDED_BODY_MAX};
 
@@ -38,24 +39,6 @@ const MAX_CHUNK_LINE: usize = 4096;
 const COMPACT_AT: usize = 1 << 20;
 
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
-
-/// A connection the mock serves: plain TCP or TLS over TCP.
-pub(super) trait MockIo: AsyncRead + AsyncWrite + Unpin + Send {
-    /// The underlying TCP stream (to reset it).
-    fn tcp(&self) -> &TcpStream;
-}
-
-impl MockIo for TcpStream {
-    fn tcp(&self) -> &TcpStream {
-        self
-    }
-}
-
-impl MockIo for tokio_rustls::server::TlsStream<TcpStream> {
-    fn tcp(&self) -> &TcpStream {
-        self.get_ref().0
-    }
-}
 
 /// Bind a listener with a deep accept backlog (load tests open many connections at once).
 pub(super) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {

@@ -1,5 +1,6 @@
-//! TLS acceptor for the mock, built from PEM files with the ring provider (no process-global
-//! crypto provider needed).
+//! The connections the mock serves ([`MockIo`]: plain TCP or TLS over TCP), and the TLS
+//! acceptor, built from PEM files with the ring provider (no process-global crypto provider
+//! needed).
 
 use std::fs::File;
 use std::io::{self, BufReader};
@@ -10,6 +11,26 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 
 use super::TlsFiles;
+
+/// A connection the mock serves: plain TCP or TLS over TCP.
+pub(super) trait MockIo:
+    tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send
+{
+    /// The underlying TCP stream (to reset it).
+    fn tcp(&self) -> &tokio::net::TcpStream;
+}
+
+impl MockIo for tokio::net::TcpStream {
+    fn tcp(&self) -> &tokio::net::TcpStream {
+        self
+    }
+}
+
+impl MockIo for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {
+    fn tcp(&self) -> &tokio::net::TcpStream {
+        self.get_ref().0
+    }
+}
 
 fn open(path: &Path) -> io::Result<BufReader<File>> {
     File::open(path)

@@ -65,6 +65,9 @@ pub struct Relay {
     bad: Option<BadUpstream>,
     /// The length a length-framed same-dialect JSON answer is given.
     fixed_len: Option<usize>,
+    /// A same-dialect stream: the provider's own error event is reworded (translated streams
+    /// are written in signalbox's words already).
+    reword_errors: Option<Dialect>,
 }
 
 #[derive(Debug)]
@@ -103,6 +106,7 @@ impl Relay {
             signals: Signals::default(),
             bad: None,
             fixed_len: None,
+            reword_errors: None,
         }
     }
 
@@ -140,7 +144,11 @@ impl Relay {
                 }))
             }
         };
-        Self::new(mode)
+        let same = reply.conversion == Conversion::Same && reply.surface != Surface::Responses;
+        Self {
+            reword_errors: same.then(|| reply.surface.dialect()),
+            ..Self::new(mode)
+        }
     }
 
     /// A JSON answer; `upstream_len` is the provider's `Content-Length`. A same-dialect answer
@@ -235,6 +243,20 @@ impl Relay {
 
     /// Filter one body chunk in place.
     pub fn filter(&mut self, body: &mut Option<Bytes>, eos: bool) {
+        let had_error = self.signals.error.is_some();
+        self.filter_mode(body, eos);
+        if let (Some(dialect), Some(kind), false) =
+            (self.reword_errors, self.signals.error, had_error)
+        {
+            // The provider's error event passed in this chunk (the rewriters hold partial
+            // lines, so it is whole here): in signalbox's words, as every other error.
+            if let Some(chunk) = body.take() {
+                *body = Some(reword_error_events(chunk, dialect, kind));
+            }
+        }
+    }
+
+    fn filter_mode(&mut self, body: &mut Option<Bytes>, eos: bool) {
         match &mut self.mode {
             Mode::Passthrough => {}
             Mode::OpenAi { rewriter, stats } => {
@@ -343,6 +365,60 @@ impl Relay {
             }
         }
     }
+}
+
+/// A stream chunk with every `data:` line whose JSON carries a top-level `error` replaced by
+/// signalbox's own error of that kind, in the caller's dialect.
+fn reword_error_events(chunk: Bytes, dialect: Dialect, kind: InbandError) -> Bytes {
+    const MESSAGE: &str = "the provider reported an error in the stream";
+    let payload = match dialect {
+        Dialect::OpenAi => {
+            let (error_type, code) = match kind {
+                InbandError::Overloaded => ("rate_limit_error", "upstream_overloaded"),
+                InbandError::InvalidRequest => ("invalid_request_error", "all_candidates_rejected"),
+                InbandError::Server => ("server_error", "upstream_stream_error"),
+            };
+            error_json(MESSAGE, error_type, code)
+        }
+        Dialect::Anthropic => {
+            let error_type = match kind {
+                InbandError::Overloaded => "overloaded_error",
+                InbandError::InvalidRequest => "invalid_request_error",
+                InbandError::Server => "api_error",
+            };
+            Bytes::from(
+                serde_json::json!({"type": "error", "error": {"type": error_type, "message": MESSAGE}})
+                    .to_string(),
+            )
+        }
+    };
+    let mut out = BytesMut::with_capacity(chunk.len() + payload.len());
+    let mut rest = &chunk[..];
+    while !rest.is_empty() {
+        let end = memchr::memchr(b'\n', rest).map_or(rest.len(), |i| i + 1);
+        let line = &rest[..end];
+        let data = line
+            .strip_prefix(b"data:")
+            .map(|d| d.strip_prefix(b" ").unwrap_or(d));
+        let is_error = data.is_some_and(|d| {
+            d.first() == Some(&b'{')
+                && super::json::scan_object_lenient(d, &[b"error"])
+                    .is_ok_and(|scan| scan.get(0).is_some())
+        });
+        if is_error {
+            out.put_slice(b"data: ");
+            out.put_slice(&payload);
+            out.put_slice(if line.ends_with(b"\r\n") {
+                b"\r\n"
+            } else {
+                b"\n"
+            });
+        } else {
+            out.put_slice(line);
+        }
+        rest = &rest[end..];
+    }
+    out.freeze()
 }
 
 /// A JSON object with `"provider": provider` added first.
@@ -493,6 +569,34 @@ mod tests {
         ));
         let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
         assert!(v["error"]["message"].is_string());
+    }
+
+    #[test]
+    fn a_providers_error_event_is_reworded_in_the_callers_dialect() {
+        let r = reply(Surface::Messages, Conversion::Same, None);
+        let mut relay = Relay::sse(&r);
+        let out = run(
+            &mut relay,
+            &[b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"internal shard 7 at 10.0.0.3\"}}\n\n"],
+        );
+        let text = String::from_utf8(out).expect("utf8");
+        assert!(text.starts_with("event: error\ndata: {"), "{text}");
+        assert!(
+            text.contains("overloaded_error") && !text.contains("10.0.0.3"),
+            "{text}"
+        );
+        let r = reply(Surface::ChatCompletions, Conversion::Same, None);
+        let mut relay = Relay::sse(&r);
+        let out = run(
+            &mut relay,
+            &[b"data: {\"error\":{\"message\":\"secret detail\",\"type\":\"server_error\"}}\n\n"],
+        );
+        let text = String::from_utf8(out).expect("utf8");
+        assert!(
+            text.contains("upstream_stream_error") && !text.contains("secret"),
+            "{text}"
+        );
+        assert_eq!(relay.signals().error, Some(InbandError::Server));
     }
 
     #[test]

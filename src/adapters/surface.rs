@@ -6,6 +6,7 @@
 //! which upstream path an attempt calls, and in which dialect errors and streams reach the
 //! caller.
 
+pub use crate::catalog::Endpoint;
 use crate::config::ProviderKind;
 
 /// The two API dialects signalbox speaks, to callers and to providers.
@@ -45,44 +46,6 @@ pub enum Conversion {
     ChatToMessages,
     /// A Messages caller, an OpenAI-kind provider: the reverse.
     MessagesToChat,
-}
-
-/// An upstream endpoint, relative to a provider's `base_url`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    ChatCompletions,
-    Completions,
-    Responses,
-    Embeddings,
-    Messages,
-    CountTokens,
-}
-
-impl Endpoint {
-    pub const ALL: [Endpoint; 6] = [
-        Endpoint::ChatCompletions,
-        Endpoint::Completions,
-        Endpoint::Responses,
-        Endpoint::Embeddings,
-        Endpoint::Messages,
-        Endpoint::CountTokens,
-    ];
-
-    /// The path under the provider's base URL.
-    pub fn path(self) -> &'static str {
-        match self {
-            Endpoint::ChatCompletions => "/chat/completions",
-            Endpoint::Completions => "/completions",
-            Endpoint::Responses => "/responses",
-            Endpoint::Embeddings => "/embeddings",
-            Endpoint::Messages => "/messages",
-            Endpoint::CountTokens => "/messages/count_tokens",
-        }
-    }
-
-    pub fn index(self) -> usize {
-        self as usize
-    }
 }
 
 impl Surface {
@@ -146,6 +109,18 @@ impl Surface {
     /// Whether requests on this surface may ask for a stream.
     pub fn streams(self) -> bool {
         !matches!(self, Surface::Embeddings | Surface::CountTokens)
+    }
+
+    /// The caller-facing path of this surface.
+    pub fn endpoint_path(self) -> &'static str {
+        match self {
+            Surface::ChatCompletions => "/v1/chat/completions",
+            Surface::Completions => "/v1/completions",
+            Surface::Responses => "/v1/responses",
+            Surface::Embeddings => "/v1/embeddings",
+            Surface::Messages => "/v1/messages",
+            Surface::CountTokens => "/v1/messages/count_tokens",
+        }
     }
 
     /// The name conditions match `params.endpoint` against (the API's own names).

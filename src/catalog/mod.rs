@@ -16,7 +16,6 @@
 //! [`AddrCell`] that the background resolver (`dns`) swaps and the request path reads without
 //! a lock. A provider whose host has not resolved yet is skipped without a call.
 
-use crate::adapters::surface::Endpoint;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -519,6 +518,44 @@ fn load_ca(path: &std::path::Path) -> Result<Arc<CaType>, String> {
         return Err(format!("{} holds no certificate", path.display()));
     }
     Ok(Arc::from(certs.into_boxed_slice()))
+}
+
+/// An upstream endpoint, relative to a provider's `base_url`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    ChatCompletions,
+    Completions,
+    Responses,
+    Embeddings,
+    Messages,
+    CountTokens,
+}
+
+impl Endpoint {
+    pub const ALL: [Endpoint; 6] = [
+        Endpoint::ChatCompletions,
+        Endpoint::Completions,
+        Endpoint::Responses,
+        Endpoint::Embeddings,
+        Endpoint::Messages,
+        Endpoint::CountTokens,
+    ];
+
+    /// The path under the provider's base URL.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "/chat/completions",
+            Endpoint::Completions => "/completions",
+            Endpoint::Responses => "/responses",
+            Endpoint::Embeddings => "/embeddings",
+            Endpoint::Messages => "/messages",
+            Endpoint::CountTokens => "/messages/count_tokens",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
 }
 
 #[cfg(test)]

@@ -144,7 +144,7 @@ impl Prober {
     }
 }
 
-use crate::proxy::attempt::ANTHROPIC_VERSION;
+use crate::adapters::anthropic::ANTHROPIC_VERSION;
 
 fn probe_request(catalog: &Catalog, p: ProviderIdx, credential: usize) -> Option<RequestHeader> {
     let provider = catalog.provider(p);

@@ -16,6 +16,7 @@ use pingora_http::RequestHeader;
 
 use super::ctx::{Attempt, AttemptBody, RequestCtx};
 use super::respond;
+use crate::adapters::anthropic::ANTHROPIC_VERSION;
 use crate::adapters::chat_messages::Unexpressible;
 use crate::adapters::relay::Relay;
 use crate::adapters::surface::{Conversion, Dialect};
@@ -41,9 +42,6 @@ static HOP_AND_GATEWAY_HEADERS: [HeaderName; 8] = [
     header::COOKIE,
 ];
 
-/// The Anthropic API version signalbox writes translated requests for (and sends when an
-/// Anthropic caller named none).
-pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 const ANTHROPIC_VERSION_HEADER: HeaderName = HeaderName::from_static("anthropic-version");
 const ANTHROPIC_BETA_HEADER: HeaderName = HeaderName::from_static("anthropic-beta");
 

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::HeaderValue;
 
-use super::hold::AbortReason;
 use crate::adapters::caller::CallerRequest;
 use crate::adapters::chat_messages::Unexpressible;
 use crate::adapters::relay::Relay;
@@ -48,6 +47,13 @@ pub struct AttemptRecord {
     /// Whether an attempt on another target followed (a failover; calling the same target
     /// again — a stale pooled connection, a transient retry — is not one).
     pub followed: bool,
+}
+
+/// Why a committed stream was ended by signalbox (the event the caller gets says so).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbortReason {
+    /// No chunk within `failover.stream_idle_timeout` (the hold path).
+    Stalled,
 }
 
 /// One attempt's request body.

@@ -9,8 +9,7 @@
 use pingora_error::{Error, ErrorSource, ErrorType};
 use pingora_proxy::{FailToProxy, Session};
 
-use super::ctx::RequestCtx;
-use super::hold::AbortReason;
+use super::ctx::{AbortReason, RequestCtx};
 use super::{planning, respond};
 use crate::adapters::relay::stream_error_event;
 use crate::error::{ErrorCode, GatewayError};

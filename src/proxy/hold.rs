@@ -36,7 +36,7 @@ use pingora_error::{Error, ErrorType};
 use pingora_proxy::Session;
 use tokio::time::{timeout, timeout_at, Instant};
 
-use super::ctx::RequestCtx;
+use super::ctx::{AbortReason, RequestCtx};
 use super::{attempt, failure, respond, response};
 use crate::adapters::caller::CallerRequest;
 use crate::adapters::chat_messages::BadUpstream;
@@ -376,13 +376,6 @@ async fn answer_refusal(session: &mut Session, ctx: &mut RequestCtx) -> Step {
         Ok(()) => Step::Done,
         Err(e) => Step::Aborted(e.into_down()),
     }
-}
-
-/// Why a committed stream was ended by signalbox (the event the caller gets says so).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AbortReason {
-    /// No chunk within `failover.stream_idle_timeout`.
-    Stalled,
 }
 
 enum SendError {

@@ -19,7 +19,9 @@ use crate::catalog::stable_hash;
 use crate::error::{ErrorCode, GatewayError};
 use crate::retry::Advance;
 use crate::routing::decide::{self, SteeringHeaders, Via};
-use crate::routing::plan::{prefix_hash, session_tag, Plan, PlanEnv, RequestFacts, Target};
+use crate::routing::plan::{
+    prefix_hash, session_tag, Plan, PlanEnv, RequestFacts, SkipReason, Target,
+};
 use crate::routing::{Router, Strategy, Tables};
 
 /// The plan's view of the world for one decision.
@@ -110,7 +112,18 @@ pub fn plan_request(
     ctx.routed = Some(routed);
     let refusal = ctx.pending.is_none().then(|| {
         let err = ctx.failures.final_error(plan.no_call());
+        let only_endpoint = plan.skip_counts().all(|(r, _)| r == SkipReason::Endpoint)
+            && plan.skip_counts().next().is_some();
         match err.code {
+            // Every candidate's provider kind lacks this endpoint: the config says so, retrying
+            // cannot help.
+            ErrorCode::NoProviderAvailable if only_endpoint => GatewayError::new(
+                ErrorCode::EndpointNotSupported,
+                format!(
+                    "no provider of this model serves {}",
+                    ctx.surface.endpoint_path()
+                ),
+            ),
             // Fail fast: tell the caller when the soonest candidate frees up, and why none
             // could be called (reasons only: no provider is named).
             ErrorCode::NoProviderAvailable => {

@@ -3,7 +3,7 @@
 //!
 //! Everything here is a pure function of the routing snapshot ([`table::Tables`]), live
 //! health and the request's facts: [`scoring`] orders candidates by a strategy, [`lead`]
-//! makes the per-request first pick, [`plan`] walks them; [`rank`] keeps the shared orders
+//! makes the per-request first pick, [`plan`] walks them; [`route`] is what a name resolves to; [`rank`] keeps the shared orders
 //! current in the background. `proxy` only connects it to Pingora's hooks and applies what the
 //! plan claims. That keeps the decisions unit-testable and benchable without a socket, and
 //! lets `explain` run the very same walk.
@@ -14,6 +14,7 @@ pub mod lead;
 pub mod plan;
 pub mod policy;
 pub mod rank;
+pub mod route;
 pub mod scoring;
 pub mod session;
 pub mod table;

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use http::HeaderValue;
 
-use super::table::{Builder, RouteIdx, RouteKind};
+use super::route::{Builder, RouteIdx, RouteKind};
 use crate::catalog::DeploymentIdx;
 use crate::config::condition::{Condition, Facts};
 use crate::config::{Config, PolicyConfig, RouterConfig, RuleTarget, Strategy};

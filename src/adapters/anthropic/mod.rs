@@ -20,6 +20,10 @@
 //! [`Complexity`](super::openai::Complexity) come from `openai`, and the JSON body rewrite is
 //! the Chat Completions one.
 
+/// The Anthropic API version signalbox writes translated requests (and health probes) for, and
+/// sends when an Anthropic caller named none.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
 pub mod request;
 pub mod respond;
 pub mod response;

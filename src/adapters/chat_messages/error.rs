@@ -217,15 +217,18 @@ pub fn openai_error_to_anthropic(status: u16, body: &[u8]) -> Vec<u8> {
 }
 
 /// Signalbox's own error (the OpenAI-shaped body of a `GatewayError`) for a messages caller:
-/// the message is signalbox's, so it is kept; the type follows the status.
+/// the message is signalbox's, so it is kept; the type follows the status, as Anthropic pairs
+/// them (a 400 is always `invalid_request_error`, a 404 `not_found_error`).
 pub fn gateway_error_to_anthropic(status: u16, body: &[u8]) -> Vec<u8> {
     let v: Value = serde_json::from_slice(body).unwrap_or_default();
-    let kind = ErrorKind::from_openai(status, body);
     let message = v
         .pointer("/error/message")
         .and_then(Value::as_str)
-        .unwrap_or_else(|| kind.message());
-    anthropic_body(kind.anthropic_type(), message)
+        .map_or_else(
+            || ErrorKind::from_openai(status, body).message().to_string(),
+            str::to_string,
+        );
+    anthropic_body(crate::adapters::anthropic::error_type(status), &message)
 }
 
 /// The status to answer a chat caller for an Anthropic provider's status: Anthropic's 529
@@ -400,8 +403,9 @@ mod tests {
             "invalid_request_error",
             "model_not_found",
         );
+        // The type follows the status (Anthropic pairs `not_found_error` with 404 only).
         let out = json(&gateway_error_to_anthropic(400, &body));
-        assert_eq!(out["error"]["type"], "not_found_error");
+        assert_eq!(out["error"]["type"], "invalid_request_error");
         assert_eq!(
             out["error"]["message"],
             "model \"nope\" is not in the catalog"

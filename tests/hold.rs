@@ -203,3 +203,36 @@ async fn a_provider_error_event_after_content_is_an_aborted_stream() {
     let m = gw.metrics_with(&[line]).await;
     assert!(m.contains(line), "{m}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn callers_hanging_up_mid_stream_never_count_against_the_provider() {
+    let a = mock_with("a", |c| {
+        c.stream = StreamShape {
+            chunks: 8,
+            gap: Duration::from_millis(300),
+        }
+    })
+    .await;
+    let b = mock("b").await;
+    // A hair-trigger breaker: one failure would eject `a`.
+    let gw = Gateway::start(two(&a, &b, "health: { failure_threshold: 1 }\n"));
+    for _ in 0..4 {
+        let mut r = post_chat(&gw, &stream_body()).await;
+        assert_eq!(header(&r, "x-llm-provider"), "a");
+        // The first content arrived (the header is out), then the caller goes away.
+        let first = r.chunk().await.expect("a chunk").expect("not the end");
+        assert!(!first.is_empty());
+        drop(r);
+    }
+    let line = r#"signalbox_attempts_total{provider="a",outcome="cancelled"} 4"#;
+    let m = gw.metrics_with(&[line]).await;
+    assert!(m.contains(line), "{m}");
+    assert!(
+        !m.contains(r#"outcome="stream_aborted""#),
+        "a caller's hang-up is not the provider's failure: {m}"
+    );
+    // `a` is still healthy and still serves.
+    let r = post_chat(&gw, &stream_body()).await;
+    assert_eq!(header(&r, "x-llm-provider"), "a");
+    assert_eq!(b.calls(), 0);
+}

@@ -396,8 +396,8 @@ pub struct StreamStats {
     pub upstream_error_event: bool,
     /// What kind of error that event was.
     pub error: Option<InbandError>,
-    /// A content-bearing event passed (a text, tool-call, function-call or reasoning delta;
-    /// or a non-stream body's message): the first-chunk hold's commit point.
+    /// A content-bearing stream event passed (a text, tool-call, function-call or reasoning
+    /// delta): the first-chunk hold's commit point. Not read from whole JSON answers.
     pub content: bool,
     pub usage: Option<Usage>,
     /// A response (or chunk) had `"choices": []`.
@@ -668,7 +668,7 @@ fn rewrite_json_object(
     let model = json::scan_object_lenient(doc, RESPONSE_KEYS)
         .ok()
         .and_then(|scan| {
-            note_stats(doc, &scan, stats);
+            note_stats(doc, &scan, false, stats);
             scan.get(0)
                 .filter(|m| doc.get(m.value.start) == Some(&b'"'))
                 .map(|m| m.value.clone())
@@ -709,7 +709,7 @@ fn is_empty_array(v: &[u8]) -> bool {
     v.first() == Some(&b'[') && v[1..].iter().all(|b| b.is_ascii_whitespace() || *b == b']')
 }
 
-fn note_stats(doc: &[u8], scan: &json::Scan, stats: &mut StreamStats) {
+fn note_stats(doc: &[u8], scan: &json::Scan, sse: bool, stats: &mut StreamStats) {
     if let Some(u) = scan.get(1) {
         if let Ok(usage) = serde_json::from_slice::<Usage>(&doc[u.value.clone()]) {
             stats.usage = Some(usage);
@@ -725,7 +725,9 @@ fn note_stats(doc: &[u8], scan: &json::Scan, stats: &mut StreamStats) {
         stats.upstream_error_event = true;
         stats.error = Some(inband_error_kind(&doc[e.value.clone()]));
     }
-    if !stats.content {
+    // Content matters to streams only (the first-chunk hold's commit point, an empty stream);
+    // a whole JSON answer is not searched for it.
+    if sse && !stats.content {
         if let Some(c) = scan.get(2) {
             stats.content = carries_content(&doc[c.value.clone()]);
         }
@@ -842,7 +844,7 @@ fn rewrite_sse_line(
         return false;
     };
     stats.data_events += 1;
-    note_stats(payload, &scan, stats);
+    note_stats(payload, &scan, true, stats);
     if strip_usage && is_usage_chunk(payload, &scan) {
         return true;
     }

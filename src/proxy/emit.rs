@@ -38,12 +38,14 @@ fn settle_last_attempt(ctx: &mut RequestCtx, e: Option<&Error>) {
     // event: relayed as the caller's error, counted as the aborted stream it is.
     let errored_after_content =
         ctx.is_sse && signals.content && signals.error.is_some() && !signals.terminal;
-    let outcome = if ctx.served.is_some() && empty && signals.error.is_none() {
+    // The caller going away (a closed tab, a stopped generation) says nothing about the
+    // provider: judged first, so a stream it cut short is never counted against the target.
+    let outcome = if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
+        Outcome::Cancelled
+    } else if ctx.served.is_some() && empty && signals.error.is_none() {
         Outcome::Empty
     } else if (ctx.stream_broken || errored_after_content) && ctx.served.is_some() {
         Outcome::StreamAborted
-    } else if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
-        Outcome::Cancelled
     } else if ctx.relay.refused_body().is_some() {
         Outcome::ClientError
     } else if ctx.served.is_some() {

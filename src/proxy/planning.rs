@@ -102,12 +102,14 @@ pub fn plan_request(
     let rankings = router.rankings.load();
     let mut plan = decide::plan(tables, &rankings, &env, &routed, facts);
     ctx.pending = next_target(&mut plan, &env, Advance::NextDeployment);
-    ctx.translates = (0..plan.len()).any(|position| {
-        plan.deployment(&tables.catalog, position).is_some_and(|d| {
-            let kind = tables.catalog.provider(d.provider).kind;
-            ctx.surface.served_by(kind) != Some(Conversion::Same)
-        })
-    });
+    // Whether a candidate speaks the other dialect: only looked for when the catalog has a
+    // provider that would (a handful of providers, not every candidate, on the common path).
+    let translating = |kind| ctx.surface.served_by(kind) != Some(Conversion::Same);
+    ctx.translates = tables.catalog.providers.iter().any(|p| translating(p.kind))
+        && (0..plan.len()).any(|position| {
+            plan.deployment(&tables.catalog, position)
+                .is_some_and(|d| translating(tables.catalog.provider(d.provider).kind))
+        });
     ctx.request = Some(request);
     ctx.routed = Some(routed);
     let refusal = ctx.pending.is_none().then(|| {

@@ -46,6 +46,10 @@ SB_HEALTH = "signalbox (breakers on)"
 # signalbox with `failover.first_chunk_hold: 0`: streams take Pingora's own proxy loop (the fast
 # path) instead of the hold path, which holds each stream's header until its first content.
 SB_NO_HOLD = "signalbox (hold off)"
+# The streamed answer of scenarios b and f: a word per chunk and more, so every chunk carries
+# content from the first (the mock's default three-word reply leaves most chunks empty, and a
+# first-chunk hold would then wait for the first word, not measure its own cost).
+STREAM_REPLY = " ".join(["signalbox"] * 40)
 # "pingora": examples/plain_pingora.rs, a Pingora proxy that forwards everything to one upstream
 # with keep-alive and does no routing work: the floor of any Pingora-based proxy on this machine.
 PLAIN_PINGORA = os.path.join("examples", "plain_pingora")
@@ -899,7 +903,8 @@ def scenario_b(ctx):
     log("scenario b: streaming, %d chunks, %d ms gap" % (chunks, gap))
     up_port = free_port()
     try:
-        up = start_mock(ctx, "mock-stream", [up_port], ["--chunks", str(chunks), "--gap-ms", str(gap)])
+        up = start_mock(ctx, "mock-stream", [up_port], ["--chunks", str(chunks), "--gap-ms", str(gap),
+                                                         "--reply", STREAM_REPLY])
     except SystemUnavailable as e:
         add_row(ctx, "all", "b stream", failed=str(e))
         return
@@ -1125,7 +1130,8 @@ def scenario_f(ctx):
     log("scenario f: %d concurrent slow streams (%d chunks x %d ms)" % (n, chunks, gap_ms))
     up_port = free_port()
     try:
-        up = start_mock(ctx, "mock-slow", [up_port], ["--chunks", str(chunks), "--gap-ms", str(gap_ms)])
+        up = start_mock(ctx, "mock-slow", [up_port], ["--chunks", str(chunks), "--gap-ms", str(gap_ms),
+                                                      "--reply", STREAM_REPLY])
     except SystemUnavailable as e:
         add_row(ctx, "all", label, failed=str(e), group="f")
         return

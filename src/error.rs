@@ -39,6 +39,12 @@ pub enum ErrorCode {
     ContextLengthExceeded,
     /// A field of the request the serving provider's dialect cannot express.
     UnsupportedParameter,
+    /// No key, or not one of the configured client keys.
+    InvalidApiKey,
+    /// The caller's key may not use the name it sent.
+    ModelNotAllowed,
+    /// The caller's key (or every candidate) is over its budget.
+    BudgetExceeded,
     /// No candidate's provider kind serves the endpoint called (token counting on a model only
     /// OpenAI-kind providers serve): a property of the config, not an outage.
     EndpointNotSupported,
@@ -65,6 +71,9 @@ impl ErrorCode {
             ErrorCode::AllCandidatesRejected => "all_candidates_rejected",
             ErrorCode::ContextLengthExceeded => "context_length_exceeded",
             ErrorCode::UnsupportedParameter => "unsupported_parameter",
+            ErrorCode::InvalidApiKey => "invalid_api_key",
+            ErrorCode::ModelNotAllowed => "model_not_allowed",
+            ErrorCode::BudgetExceeded => "budget_exceeded",
             ErrorCode::EndpointNotSupported => "endpoint_not_supported",
             ErrorCode::UpstreamModelNotFound => "upstream_model_not_found",
             ErrorCode::UpstreamError => "upstream_error",
@@ -82,11 +91,13 @@ impl ErrorCode {
             | ErrorCode::ContextLengthExceeded
             | ErrorCode::UnsupportedParameter
             | ErrorCode::EndpointNotSupported => 400,
+            ErrorCode::InvalidApiKey => 401,
+            ErrorCode::ModelNotAllowed => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::RequestTooLarge => 413,
             ErrorCode::HeadersTooLarge => 431,
-            ErrorCode::RateLimited => 429,
+            ErrorCode::RateLimited | ErrorCode::BudgetExceeded => 429,
             ErrorCode::ProviderNotConfigured | ErrorCode::ProviderCredentialRejected => 424,
             ErrorCode::UpstreamModelNotFound | ErrorCode::UpstreamError => 502,
             ErrorCode::NoProviderAvailable => 503,

@@ -46,6 +46,7 @@ pub mod config;
 pub mod dns;
 pub mod error;
 pub mod health;
+pub mod keys;
 pub mod lifecycle;
 pub mod metrics;
 pub mod periodic;

@@ -195,6 +195,7 @@ fn explain(
                 .find(|(n, _)| n == name)
                 .map(|(_, v)| v.as_slice())
         },
+        None,
     );
     if json {
         println!(

@@ -311,16 +311,18 @@ impl Reloader {
         let old = self.router.tables.load_full();
         let health = old.health.carry_over(&old.catalog, &catalog, config.health);
         let catalog = Arc::new(catalog);
-        let tables = Tables::build(
+        let (tables, key_warnings) = Tables::build(
             config,
             catalog,
             Arc::new(health),
             &self.metrics,
             old.generation + 1,
-        );
+        )
+        .with_keys(config, Some(&old));
         let (tokens, token_warnings) = AdminTokens::from_config(&config.admin);
         let mut all: Vec<String> = warnings.into_iter().map(|w| w.0).collect();
         all.extend(token_warnings);
+        all.extend(key_warnings);
         Ok(Built {
             tables,
             tokens,

@@ -84,7 +84,10 @@ pub fn build_state_with_clock(
     let metrics = Arc::new(Metrics::new()?);
     let shared = HealthShared::new(clock, &config.health);
     let health = Arc::new(HealthRegistry::new(&catalog, config.health, shared.clone()));
-    let tables = Tables::build(config, catalog, health, &metrics, 1);
+    let (tables, key_warnings) =
+        Tables::build(config, catalog, health, &metrics, 1).with_keys(config, None);
+    let mut warnings = warnings;
+    warnings.extend(key_warnings.into_iter().map(CatalogWarning));
     let router = Arc::new(Router::new(tables, shared));
     let mut state = GatewayState::new(router, metrics);
     state.proxy_tls = config

@@ -249,11 +249,21 @@ impl AdminApp {
                 }
             },
         };
+        // `?key=<id>`: as that client key would send it.
+        let key = session
+            .req_header()
+            .uri
+            .query()
+            .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("key=")))
+            .map(str::to_owned);
         let headers = &session.req_header().headers;
-        let answer =
-            crate::routing::explain::explain(self.reloader.router(), surface, body, |name| {
-                headers.get(name).map(http::HeaderValue::as_bytes)
-            });
+        let answer = crate::routing::explain::explain(
+            self.reloader.router(),
+            surface,
+            body,
+            |name| headers.get(name).map(http::HeaderValue::as_bytes),
+            key.as_deref(),
+        );
         json(200, &answer)
     }
 }

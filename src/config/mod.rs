@@ -29,11 +29,11 @@ use std::path::Path;
 
 pub use defaults::PRIORITY as DEFAULT_PRIORITY;
 pub use types::{
-    AdminConfig, AliasConfig, BaseUrl, Capabilities, ChainConfig, Config, CredentialConfig,
-    DegradedPolicy, DeploymentConfig, Failover, HealthPolicy, KeySource, Limits, Listen, LogConfig,
-    LogFormat, ModelConfig, PolicyConfig, PolicyTarget, Price, ProviderConfig, ProviderKind,
-    ResponseConfig, RouterConfig, RoutingKnobs, RuleConfig, RuleTarget, Scheme, SelectEntry,
-    Strategy, Weights,
+    AdminConfig, AliasConfig, BaseUrl, BudgetConfig, BudgetPeriod, Capabilities, ChainConfig,
+    ClientKeyConfig, ClientKeySource, Config, CredentialConfig, DegradedPolicy, DeploymentConfig,
+    Failover, HealthPolicy, KeySource, Limits, Listen, LogConfig, LogFormat, ModelConfig,
+    PolicyConfig, PolicyTarget, Price, ProviderConfig, ProviderKind, ResponseConfig, RouterConfig,
+    RoutingKnobs, RuleConfig, RuleTarget, Scheme, SelectEntry, Strategy, Weights,
 };
 pub use values::{is_upstream_model_name, parse_base_url, parse_size_text, AXIS_NAMES};
 

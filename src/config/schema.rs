@@ -53,6 +53,45 @@ pub struct ConfigFile {
     /// What signalbox adds to response bodies.
     #[serde(default)]
     pub response: ResponseSection,
+    /// Client keys: absent, no caller auth; present, every proxied request needs one.
+    #[serde(default)]
+    pub keys: Option<Vec<KeySection>>,
+}
+
+/// One client key (`keys[]`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeySection {
+    pub id: String,
+    /// The sha256 of the key, 64 hex digits (the key itself is never in the file).
+    #[serde(default)]
+    pub key_sha256: Option<String>,
+    /// Name of an environment variable holding the key itself.
+    #[serde(default)]
+    pub key_env: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Globs (`*`, `?`) over the names the key may send as `model`, `routing.policy` or
+    /// `x-llm-route`; absent: every name.
+    #[serde(default)]
+    pub allowed_models: Option<Vec<String>>,
+    /// Requests per minute (a sliding window).
+    #[serde(default)]
+    pub rpm: Option<u32>,
+    /// Tokens per minute (a sliding window over estimated, then reported, tokens).
+    #[serde(default)]
+    pub tpm: Option<u64>,
+    #[serde(default)]
+    pub budget: Option<BudgetSection>,
+}
+
+/// A spending limit: `{usd: 50, period: month}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSection {
+    pub usd: f64,
+    /// `day | week | month | total` (UTC calendar; weeks start on Monday).
+    pub period: String,
 }
 
 /// What signalbox adds to response bodies (`response`).

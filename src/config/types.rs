@@ -38,6 +38,57 @@ pub struct Config {
     pub pingora: PingoraSection,
     pub log: LogConfig,
     pub response: ResponseConfig,
+    /// Client keys; `None`: no caller auth.
+    pub keys: Option<Vec<ClientKeyConfig>>,
+}
+
+/// How a client key is known: its sha256, or an environment variable holding the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientKeySource {
+    Sha256([u8; 32]),
+    Env(String),
+}
+
+/// A budget's period, UTC calendar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetPeriod {
+    Day,
+    /// Monday to Sunday.
+    Week,
+    Month,
+    /// Never resets.
+    Total,
+}
+
+impl BudgetPeriod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BudgetPeriod::Day => "day",
+            BudgetPeriod::Week => "week",
+            BudgetPeriod::Month => "month",
+            BudgetPeriod::Total => "total",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BudgetConfig {
+    /// The limit in micro-USD.
+    pub micro_usd: u64,
+    pub period: BudgetPeriod,
+}
+
+/// One client key (`keys[]`).
+#[derive(Debug, Clone)]
+pub struct ClientKeyConfig {
+    pub id: String,
+    pub source: ClientKeySource,
+    pub user: Option<String>,
+    /// Lower-cased globs; `None`: every name.
+    pub allowed_models: Option<Vec<String>>,
+    pub rpm: Option<u32>,
+    pub tpm: Option<u64>,
+    pub budget: Option<BudgetConfig>,
 }
 
 /// What signalbox adds to response bodies (the `response` section).

@@ -19,6 +19,7 @@ use crate::adapters::surface::{Conversion, Surface};
 use crate::catalog::ProviderIdx;
 use crate::error::GatewayError;
 use crate::health::{InflightGuard, Observation};
+use crate::keys::Reservation;
 use crate::retry::{Advance, FailureLog, Outcome};
 use crate::routing::decide::Routed;
 use crate::routing::lead::splitmix64;
@@ -84,6 +85,10 @@ pub struct RequestCtx {
     /// After a context-length refusal: the next candidate's context window must exceed this.
     pub context_floor: Option<u64>,
     pub request: Option<CallerRequest>,
+    /// The caller's key (its index in the snapshot's key table), when keys are configured.
+    pub key: Option<usize>,
+    /// What the key reserved for this request (settled when it ends).
+    pub key_reservation: Option<Reservation>,
     /// Some candidate of the plan speaks the other dialect (its answers are translated: the
     /// request takes the hold path, which can read a whole answer before committing it).
     pub translates: bool,
@@ -149,6 +154,8 @@ impl RequestCtx {
             client_error_pending: false,
             context_floor: None,
             request: None,
+            key: None,
+            key_reservation: None,
             translates: false,
             conversion: Conversion::Same,
             unexpressible: None,

@@ -20,6 +20,7 @@ use crate::routing::Tables;
 /// Settle, count and log a finished request.
 pub fn emit(ctx: &mut RequestCtx, e: Option<&Error>, metrics: &Metrics) {
     settle_last_attempt(ctx, e);
+    super::access::settle(ctx);
     if ctx.in_flight {
         metrics.in_flight.dec();
     }

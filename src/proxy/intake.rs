@@ -11,7 +11,7 @@ use pingora_proxy::Session;
 
 use super::body::{self, BodyError, Framing};
 use super::ctx::RequestCtx;
-use super::{hold, planning, respond};
+use super::{access, hold, planning, respond};
 use crate::adapters::caller::CallerRequest;
 use crate::adapters::surface::{Dialect, Surface};
 use crate::error::{ErrorCode, GatewayError};
@@ -37,25 +37,47 @@ pub async fn admit(
     ctx.in_flight = true;
 
     let req = session.req_header();
+    // The dialect of any answer, refusals included: the endpoint's, or for the model list the
+    // Anthropic SDK's (it always sends its API version).
+    ctx.surface = Surface::from_path(req.uri.path()).unwrap_or_default();
     if req.method == Method::GET && matches!(req.uri.path(), "/v1/models" | "/models") {
-        // The Anthropic SDK always sends its API version.
         let dialect = if req.headers.contains_key("anthropic-version") {
             ctx.surface = Surface::Messages;
             Dialect::Anthropic
         } else {
             Dialect::OpenAi
         };
-        let body = respond::models_body(&tables, dialect);
+        if let Err(refusal) = access::authenticate(ctx, &tables, &req.headers) {
+            respond::write_error(session, ctx, refusal).await?;
+            return Ok(true);
+        }
+        let body = respond::models_body(&tables, dialect, access::key(ctx, &tables));
         respond::write_json(session, ctx, 200, body, None).await?;
         return Ok(true);
     }
     let admitted = match check_request_line(session, ctx, &tables) {
         Err(refusal) => Err(refusal),
-        Ok(()) => match read_request(session, ctx.surface, &tables).await? {
-            Err(refusal) => Err(refusal),
-            Ok((request, own_replay)) => {
-                planning::plan_request(session, ctx, router, &tables, request).map(|()| own_replay)
+        Ok(()) => match access::authenticate(ctx, &tables, &session.req_header().headers) {
+            Err(refusal) => {
+                // The body is left unread: the connection is not reused.
+                session.set_keepalive(None);
+                Err(refusal)
             }
+            Ok(()) => match read_request(session, ctx.surface, &tables).await? {
+                Err(refusal) => Err(refusal),
+                Ok((request, own_replay)) => {
+                    let route = session
+                        .req_header()
+                        .headers
+                        .get(&respond::names::X_LLM_ROUTE)
+                        .map(http::HeaderValue::as_bytes);
+                    access::admit(ctx, &tables, &request, route).and_then(|()| {
+                        planning::plan_request(session, ctx, router, &tables, request)
+                            .map(|()| own_replay)
+                            .inspect_err(|_| access::refund(ctx, &tables))
+                    })
+                }
+            },
         },
     };
     match admitted {

@@ -26,6 +26,7 @@
 //! `respond` writes what signalbox answers itself (errors, `/v1/models`, routing headers);
 //! `ctx` is the one typed context the rooms share; `body` is how any body size is replayed.
 
+pub mod access;
 pub mod attempt;
 pub mod body;
 pub mod ctx;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use pingora_proxy::Session;
 
 use super::ctx::RequestCtx;
-use super::respond;
+use super::{access, respond};
 use crate::adapters::caller::CallerRequest;
 use crate::adapters::surface::Conversion;
 use crate::catalog::stable_hash;
@@ -71,7 +71,8 @@ pub fn plan_request(
     )
     .map_err(|why| GatewayError::new(ErrorCode::InvalidRequest, why))?;
     let seed = stable_hash(ctx.request_id.as_bytes());
-    let steering = steering_headers.steer(ctx.surface, &request, seed);
+    let mut steering = steering_headers.steer(ctx.surface, &request, seed);
+    steering.key = access::facts(ctx, tables);
     let routed = decide::route(tables, &steering).map_err(|e| e.answer(&request))?;
     let route = tables.route(routed.route);
     ctx.route = Some(routed.route);

@@ -13,6 +13,7 @@ use super::ctx::RequestCtx;
 use crate::adapters::chat_messages::gateway_error_to_anthropic;
 use crate::adapters::surface::Dialect;
 use crate::error::GatewayError;
+use crate::keys::ClientKey;
 use crate::routing::decide::{Routed, Via};
 use crate::routing::plan::Plan;
 use crate::routing::Tables;
@@ -62,12 +63,16 @@ pub async fn write_error(
 
 /// `GET /v1/models`: every caller-facing name, chains as `auto:<name>`, in the caller's
 /// dialect (an Anthropic SDK, which sends `anthropic-version`, gets Anthropic's list shape).
-pub fn models_body(tables: &Tables, dialect: Dialect) -> Bytes {
-    if dialect == Dialect::Anthropic {
-        return crate::adapters::anthropic::models_list(&tables.public_model_ids());
+pub fn models_body(tables: &Tables, dialect: Dialect, key: Option<&ClientKey>) -> Bytes {
+    let mut ids = tables.public_model_ids();
+    // A key sees only the names it may use.
+    if let Some(key) = key {
+        ids.retain(|id| key.allows(id));
     }
-    let data: Vec<serde_json::Value> = tables
-        .public_model_ids()
+    if dialect == Dialect::Anthropic {
+        return crate::adapters::anthropic::models_list(&ids);
+    }
+    let data: Vec<serde_json::Value> = ids
         .iter()
         .map(|id| serde_json::json!({ "id": &**id, "object": "model", "owned_by": "signalbox" }))
         .collect();

@@ -134,6 +134,7 @@ impl SteeringHeaders {
     ) -> Steering<'a> {
         Steering {
             surface,
+            key: None,
             request,
             route_header: self.route.as_deref(),
             router_off: self.router_off,
@@ -148,6 +149,8 @@ impl SteeringHeaders {
 pub struct Steering<'a> {
     /// The endpoint the request came to.
     pub surface: Surface,
+    /// The caller's key, when keys are configured (conditions on `key.*` and `budget.*`).
+    pub key: Option<KeyFacts<'a>>,
     pub request: &'a CallerRequest,
     /// `x-llm-route`.
     pub route_header: Option<&'a str>,
@@ -157,6 +160,15 @@ pub struct Steering<'a> {
     /// The request's own seed (from its id): a weighted policy draw is independent of every
     /// other request's.
     pub seed: u64,
+}
+
+/// What conditions may read about the caller's key.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyFacts<'a> {
+    pub id: &'a str,
+    pub user: Option<&'a str>,
+    /// `budget.used_pct` and `budget.remaining_usd`, when the key has a budget.
+    pub budget: Option<(f64, f64)>,
 }
 
 /// The facts conditions read, from one request.
@@ -179,9 +191,10 @@ impl Facts for RequestFactsView<'_> {
             Field::PromptTokens => FactValue::Num(r.prompt_tokens() as f64),
             Field::Metadata(k) => return self.steering.metadata.get(k),
             // No caller keys yet: these never match.
-            Field::KeyId | Field::KeyUser | Field::BudgetUsedPct | Field::BudgetRemainingUsd => {
-                return None
-            }
+            Field::KeyId => FactValue::Str(self.steering.key?.id),
+            Field::KeyUser => FactValue::Str(self.steering.key?.user?),
+            Field::BudgetUsedPct => FactValue::Num(self.steering.key?.budget?.0),
+            Field::BudgetRemainingUsd => FactValue::Num(self.steering.key?.budget?.1),
         })
     }
 }

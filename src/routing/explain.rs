@@ -24,18 +24,41 @@ use crate::catalog::stable_hash;
 use crate::error::{ErrorCode, GatewayError};
 use crate::retry::Advance;
 
-/// Explain a request given as a body and its headers (by lower-case name).
+/// Explain a request given as a body and its headers (by lower-case name), as the client key
+/// `key_id` would send it when one is named (its `allowed_models`, and its facts for
+/// conditions; its rate limits and budget are not consumed).
 pub fn explain<'a>(
     router: &Router,
     surface: Surface,
     body: Bytes,
     header: impl Fn(&str) -> Option<&'a [u8]>,
+    key_id: Option<&str>,
 ) -> Value {
     let tables = router.tables.load_full();
     let request = match CallerRequest::parse(surface, body) {
         Ok(r) => r,
         Err(message) => return error(&GatewayError::new(ErrorCode::InvalidRequest, message)),
     };
+    let key = match key_id {
+        None => None,
+        Some(id) => match tables.keys.as_ref().and_then(|k| k.by_id(id)) {
+            Some(k) => Some(k),
+            None => {
+                return error(&GatewayError::new(
+                    ErrorCode::InvalidRequest,
+                    "no client key has that id",
+                ))
+            }
+        },
+    };
+    if let Some(key) = key {
+        if !key.allows_request(&request, header("x-llm-route")) {
+            return error(&GatewayError::new(
+                ErrorCode::ModelNotAllowed,
+                "this API key may not use the model or route it named",
+            ));
+        }
+    }
     let headers = match SteeringHeaders::read(
         header("x-llm-route"),
         header("x-llm-router"),
@@ -46,7 +69,18 @@ pub fn explain<'a>(
     };
     // A fixed seed per body: the same request explains the same way twice.
     let seed = stable_hash(request.prompt());
-    let steering = headers.steer(surface, &request, seed);
+    let mut steering = headers.steer(surface, &request, seed);
+    let now_s = router
+        .health
+        .clock
+        .wall()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    steering.key = key.map(|k| decide::KeyFacts {
+        id: &k.id,
+        user: k.user.as_deref(),
+        budget: k.budget_facts(now_s),
+    });
     let routed = match decide::route(&tables, &steering) {
         Ok(r) => r,
         Err(e) => return error(&e.answer(&request)),

@@ -20,6 +20,7 @@ pub use super::route::{Route, RouteIdx, RouteKind, Segment};
 use crate::catalog::{Catalog, DeploymentIdx, ProviderIdx};
 use crate::config::{Config, Failover, Limits, ResponseConfig, RoutingKnobs, Strategy};
 use crate::health::HealthRegistry;
+use crate::keys::KeyTable;
 use crate::metrics::{BoundMetrics, Metrics, RoutingLabels};
 
 /// The immutable routing snapshot.
@@ -52,6 +53,9 @@ pub struct Tables {
     pub routing: RoutingKnobs,
     /// What signalbox adds to response bodies.
     pub response: ResponseConfig,
+    /// Client keys (`keys`); `None`: no caller auth. Set by whoever builds the snapshot, which
+    /// knows the previous one to carry the keys' counters from ([`Tables::with_keys`]).
+    pub keys: Option<Arc<KeyTable>>,
     pub metrics: BoundMetrics,
 }
 
@@ -79,6 +83,19 @@ const AXES: &[(&str, Strategy)] = &[
 ];
 
 impl Tables {
+    /// The client keys of `config`, the counters of keys `previous` already had carried over;
+    /// with the warnings about keys that cannot be used.
+    pub fn with_keys(mut self, config: &Config, previous: Option<&Tables>) -> (Self, Vec<String>) {
+        let Some(keys) = &config.keys else {
+            return (self, Vec::new());
+        };
+        let env = |name: &str| std::env::var(name).ok();
+        let (table, warnings) =
+            KeyTable::build(keys, previous.and_then(|p| p.keys.as_deref()), &env);
+        self.keys = Some(Arc::new(table));
+        (self, warnings)
+    }
+
     pub fn build(
         config: &Config,
         catalog: Arc<Catalog>,
@@ -214,6 +231,7 @@ impl Tables {
             limits: config.limits,
             routing: config.routing,
             response: config.response,
+            keys: None,
             metrics: bound,
         }
     }

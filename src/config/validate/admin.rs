@@ -5,7 +5,7 @@ use crate::config::types::AdminConfig;
 use crate::config::ConfigError;
 
 /// Environment variable names: what a shell would accept.
-fn is_env_name(s: &str) -> bool {
+pub(super) fn is_env_name(s: &str) -> bool {
     !s.is_empty()
         && !s.starts_with(|c: char| c.is_ascii_digit())
         && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')

@@ -18,11 +18,13 @@
 //! - `health.rs`: `health`, breakers, benching, probes and degraded mode;
 //! - `routing.rs`: `routing`, the ranking knobs;
 //! - `server.rs`: `listen` and `pingora`, the server process;
-//! - `log.rs`: `log`, how signalbox writes its log.
+//! - `log.rs`: `log`, how signalbox writes its log;
+//! - `keys.rs`: `keys`, who may call and what each key may use and spend.
 
 mod admin;
 mod failover;
 mod health;
+mod keys;
 mod log;
 mod models;
 mod names;
@@ -59,6 +61,10 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
     let routing = routing::validate_routing(&file.routing, &mut errs);
     let admin = admin::validate_admin(&file.admin, &mut errs);
     let log = log::validate_log(&file.log, &mut errs);
+    let keys = file
+        .keys
+        .as_ref()
+        .map(|k| keys::validate_keys(k, &mut errs));
 
     if !errs.is_empty() {
         return Err(ConfigErrors(errs));
@@ -82,5 +88,6 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
         response: super::types::ResponseConfig {
             provider_field: file.response.provider_field,
         },
+        keys,
     })
 }

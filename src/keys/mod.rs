@@ -1,0 +1,394 @@
+//! Client keys: who is calling, what they may name, and how much they may use.
+//!
+//! With a `keys` section every proxied request (and `GET /v1/models`) carries a key,
+//! `Authorization: Bearer <key>` or `x-api-key: <key>` (both SDKs' ways). The table holds only
+//! sha256 digests: the presented key is hashed, found by its digest, and compared in constant
+//! time, so neither the key nor its digest leaves a trace in timing, logs or metrics. A key
+//! limits the names it may send (`allowed_models` globs over `model`, `routing.policy`,
+//! `x-llm-route`), its requests and tokens per minute ([`window`]) and its spend over a
+//! calendar period ([`budget`]); all of it is checked before any candidate is considered.
+//!
+//! Counters live in a [`KeyState`] shared across reloads by key id, so a reload neither
+//! forgets a minute's requests nor refunds a month's spend.
+
+pub mod budget;
+pub mod window;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::HeaderMap;
+use sha2::{Digest, Sha256};
+
+use self::budget::Spend;
+use self::window::Window;
+use crate::adapters::caller::CallerRequest;
+use crate::config::{BudgetConfig, ClientKeyConfig, ClientKeySource, Price};
+
+/// Output tokens assumed for a request that sets no `max_tokens` (DESIGN §8).
+pub const DEFAULT_OUTPUT_ESTIMATE: u64 = 256;
+
+/// A key's counters: kept across reloads for as long as the key id exists.
+#[derive(Debug, Default)]
+pub struct KeyState {
+    pub requests: Window,
+    pub tokens: Window,
+    pub spend: Spend,
+}
+
+/// One client key.
+#[derive(Debug)]
+pub struct ClientKey {
+    pub id: Arc<str>,
+    pub user: Option<Arc<str>>,
+    digest: [u8; 32],
+    /// Lower-cased globs; `None`: every name.
+    allowed: Option<Vec<Box<str>>>,
+    pub rpm: Option<u32>,
+    pub tpm: Option<u64>,
+    pub budget: Option<BudgetConfig>,
+    pub state: Arc<KeyState>,
+}
+
+/// Why a key may not send a request now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Over its rpm or tpm: seconds until the window frees.
+    RateLimited(u64),
+    /// Its budget is spent: seconds until the period ends.
+    BudgetExceeded(u64),
+}
+
+/// What a key holds for one admitted request: the tokens reserved in its window, and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation {
+    pub at_s: u64,
+    pub tokens: u64,
+}
+
+impl ClientKey {
+    /// Whether the key may send `name` (compared lower-cased).
+    pub fn allows(&self, name: &str) -> bool {
+        let Some(globs) = &self.allowed else {
+            return true;
+        };
+        let mut buf = [0u8; 256];
+        let lower: &[u8] = if name.len() <= buf.len() {
+            let b = &mut buf[..name.len()];
+            b.copy_from_slice(name.as_bytes());
+            b.make_ascii_lowercase();
+            b
+        } else {
+            return globs
+                .iter()
+                .any(|g| glob_match(g.as_bytes(), name.to_lowercase().as_bytes()));
+        };
+        globs.iter().any(|g| glob_match(g.as_bytes(), lower))
+    }
+
+    /// Whether the key may send a request naming these: its `model`, its `routing.policy`, and
+    /// the `x-llm-route` header (any of them may name a policy).
+    pub fn allows_request(&self, request: &CallerRequest, route_header: Option<&[u8]>) -> bool {
+        let policy = request.routing().and_then(|r| r.policy.as_deref());
+        let route = route_header.and_then(|h| std::str::from_utf8(h).ok());
+        [Some(&*request.model_name()), policy, route]
+            .iter()
+            .flatten()
+            .all(|name| self.allows(name))
+    }
+
+    /// Admit one request estimated at `tokens` at `now_s`: every limit checked first, then the
+    /// request and its tokens counted (a refused request consumes nothing).
+    pub fn admit(&self, now_s: u64, tokens: u64) -> Result<Reservation, Refusal> {
+        let s = &self.state;
+        if let Some(budget) = &self.budget {
+            s.spend
+                .check(budget, now_s)
+                .map_err(Refusal::BudgetExceeded)?;
+        }
+        if let Some(rpm) = self.rpm {
+            s.requests
+                .check(now_s, u64::from(rpm), 1)
+                .map_err(Refusal::RateLimited)?;
+        }
+        if let Some(tpm) = self.tpm {
+            s.tokens
+                .check(now_s, tpm, tokens)
+                .map_err(Refusal::RateLimited)?;
+        }
+        s.requests.add(now_s, 1);
+        s.tokens.add(now_s, tokens);
+        Ok(Reservation {
+            at_s: now_s,
+            tokens,
+        })
+    }
+
+    /// Settle a request: its tokens as reported (`None`: the estimate stands) and what it cost.
+    pub fn settle(&self, reservation: Reservation, now_s: u64, used: Option<u64>, micro_usd: u64) {
+        let s = &self.state;
+        if let Some(used) = used {
+            if used < reservation.tokens {
+                s.tokens.sub(reservation.at_s, reservation.tokens - used);
+            } else {
+                s.tokens.add(now_s, used - reservation.tokens);
+            }
+        }
+        if let (Some(budget), true) = (&self.budget, micro_usd > 0) {
+            s.spend.add(budget.period, now_s, micro_usd);
+        }
+    }
+
+    /// `budget.used_pct` and `budget.remaining_usd`, when the key has a budget.
+    pub fn budget_facts(&self, now_s: u64) -> Option<(f64, f64)> {
+        self.budget.as_ref().map(|b| {
+            (
+                self.state.spend.used_pct(b, now_s),
+                self.state.spend.remaining_usd(b, now_s),
+            )
+        })
+    }
+}
+
+/// The cost of an answer in micro-USD: a price per million tokens is a price in micro-USD per
+/// token.
+pub fn cost_micro_usd(price: &Price, prompt_tokens: u64, completion_tokens: u64) -> u64 {
+    #[allow(clippy::cast_precision_loss)]
+    let usd_micro = prompt_tokens as f64 * price.input_per_mtok
+        + completion_tokens as f64 * price.output_per_mtok;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let out = usd_micro.round().max(0.0) as u64;
+    out
+}
+
+/// `*` any run, `?` one byte; everything else literal.
+fn glob_match(glob: &[u8], name: &[u8]) -> bool {
+    let (mut g, mut n) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        match glob.get(g) {
+            Some(b'*') => {
+                star = Some((g, n));
+                g += 1;
+            }
+            Some(&c) if c == b'?' || c == name[n] => {
+                g += 1;
+                n += 1;
+            }
+            _ => match star {
+                Some((sg, sn)) => {
+                    g = sg + 1;
+                    n = sn + 1;
+                    star = Some((sg, sn + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    glob[g..].iter().all(|&c| c == b'*')
+}
+
+/// Compare two digests without an early exit.
+fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+/// The key a request presents: `Authorization: Bearer <key>`, else `x-api-key: <key>`.
+pub fn presented(headers: &HeaderMap) -> Option<&[u8]> {
+    if let Some(v) = headers.get(http::header::AUTHORIZATION) {
+        let v = v.as_bytes();
+        if v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ") {
+            return Some(v[7..].trim_ascii());
+        }
+    }
+    headers
+        .get("x-api-key")
+        .map(|v| v.as_bytes().trim_ascii())
+        .filter(|v| !v.is_empty())
+}
+
+/// The keys of one snapshot.
+#[derive(Debug, Default)]
+pub struct KeyTable {
+    keys: Vec<ClientKey>,
+    by_digest: HashMap<[u8; 32], usize>,
+}
+
+impl KeyTable {
+    /// Build from the config; a key whose state a previous table held keeps it. `env` reads a
+    /// `key_env` variable. Warnings name keys that cannot be used (an unset variable).
+    pub fn build(
+        configs: &[ClientKeyConfig],
+        previous: Option<&KeyTable>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> (Self, Vec<String>) {
+        let mut warnings = Vec::new();
+        let mut table = KeyTable::default();
+        for c in configs {
+            let digest = match &c.source {
+                ClientKeySource::Sha256(d) => *d,
+                ClientKeySource::Env(name) => match env(name).filter(|k| !k.trim().is_empty()) {
+                    Some(key) => Sha256::digest(key.trim().as_bytes()).into(),
+                    None => {
+                        warnings.push(format!(
+                            "keys: {:?}: environment variable {name} is not set; the key cannot be used",
+                            c.id
+                        ));
+                        continue;
+                    }
+                },
+            };
+            if table.by_digest.contains_key(&digest) {
+                warnings.push(format!(
+                    "keys: {:?} is the same key as another entry; the first one is used",
+                    c.id
+                ));
+                continue;
+            }
+            let state = previous
+                .and_then(|p| p.by_id(&c.id))
+                .map_or_else(Arc::default, |k| k.state.clone());
+            table.by_digest.insert(digest, table.keys.len());
+            table.keys.push(ClientKey {
+                id: Arc::from(c.id.as_str()),
+                user: c.user.as_deref().map(Arc::from),
+                digest,
+                allowed: c
+                    .allowed_models
+                    .as_ref()
+                    .map(|g| g.iter().map(|s| Box::from(s.as_str())).collect()),
+                rpm: c.rpm,
+                tpm: c.tpm,
+                budget: c.budget,
+                state,
+            });
+        }
+        (table, warnings)
+    }
+
+    /// The key whose digest the presented key has.
+    pub fn authenticate(&self, presented: &[u8]) -> Option<(usize, &ClientKey)> {
+        let digest: [u8; 32] = Sha256::digest(presented).into();
+        let i = *self.by_digest.get(&digest)?;
+        let key = &self.keys[i];
+        ct_eq(&key.digest, &digest).then_some((i, key))
+    }
+
+    pub fn get(&self, i: usize) -> Option<&ClientKey> {
+        self.keys.get(i)
+    }
+
+    pub fn by_id(&self, id: &str) -> Option<&ClientKey> {
+        self.keys.iter().find(|k| &*k.id == id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::BudgetPeriod;
+
+    fn config(id: &str, key: &str) -> ClientKeyConfig {
+        ClientKeyConfig {
+            id: id.into(),
+            source: ClientKeySource::Sha256(Sha256::digest(key.as_bytes()).into()),
+            user: Some("alice".into()),
+            allowed_models: Some(vec!["gpt-4o*".into(), "fast".into(), "auto:*".into()]),
+            rpm: Some(2),
+            tpm: Some(1_000),
+            budget: Some(BudgetConfig {
+                micro_usd: 500,
+                period: BudgetPeriod::Day,
+            }),
+        }
+    }
+
+    #[test]
+    fn globs_match_whole_names() {
+        assert!(glob_match(b"gpt-4o*", b"gpt-4o-mini"));
+        assert!(glob_match(b"gpt-4o*", b"gpt-4o"));
+        assert!(!glob_match(b"gpt-4o*", b"xgpt-4o"));
+        assert!(glob_match(b"auto:*", b"auto:smart"));
+        assert!(!glob_match(b"auto:*", b"auto"));
+        assert!(glob_match(b"*mini", b"gpt-4o-mini"));
+        assert!(glob_match(b"a?c*e", b"abcdde"));
+        assert!(!glob_match(b"fast", b"fastest"));
+        assert!(glob_match(b"*", b""));
+    }
+
+    #[test]
+    fn a_key_is_found_by_its_digest_and_its_state_survives_a_rebuild() {
+        let env = |_: &str| None;
+        let (t, w) = KeyTable::build(&[config("team", "sk-team")], None, &env);
+        assert!(w.is_empty());
+        let (i, k) = t.authenticate(b"sk-team").expect("found");
+        assert_eq!((i, &*k.id), (0, "team"));
+        assert!(t.authenticate(b"sk-other").is_none());
+        assert!(k.allows("GPT-4o-mini") && k.allows("fast") && !k.allows("claude"));
+        k.admit(100, 10).expect("first");
+        let (t2, _) = KeyTable::build(&[config("team", "sk-team")], Some(&t), &env);
+        let k2 = t2.by_id("team").expect("kept");
+        assert_eq!(k2.state.requests.used(100), 1, "a reload keeps the minute");
+    }
+
+    #[test]
+    fn limits_refuse_without_consuming_and_settle_with_the_real_counts() {
+        let env = |name: &str| (name == "K").then(|| "sk-env".to_string());
+        let mut c = config("envkey", "");
+        c.source = ClientKeySource::Env("K".into());
+        let (t, _) = KeyTable::build(&[c], None, &env);
+        let (_, k) = t.authenticate(b"sk-env").expect("from the environment");
+        let r = k.admit(1_000, 400).expect("1 of 2");
+        k.settle(r, 1_001, Some(100), 300);
+        assert_eq!(
+            k.state.tokens.used(1_001),
+            100,
+            "the estimate corrected down"
+        );
+        k.admit(1_002, 100).expect("2 of 2");
+        assert_eq!(k.admit(1_003, 1), Err(Refusal::RateLimited(57)));
+        assert_eq!(
+            k.state.requests.used(1_003),
+            2,
+            "a refusal consumes nothing"
+        );
+        // Spend: 300 of 500 micro-USD, then 300 more: spent.
+        let r = k.admit(1_070, 10).expect("a new minute");
+        k.settle(r, 1_071, None, 300);
+        assert!(matches!(k.admit(1_140, 1), Err(Refusal::BudgetExceeded(_))));
+        let missing = KeyTable::build(&[config("x", "a")], None, &|_| None).0;
+        assert_eq!(missing.len(), 1);
+    }
+
+    #[test]
+    fn the_presented_key_comes_from_either_header() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            http::header::AUTHORIZATION,
+            "Bearer sk-1".parse().expect("v"),
+        );
+        assert_eq!(presented(&h), Some(&b"sk-1"[..]));
+        let mut h = HeaderMap::new();
+        h.insert("x-api-key", "sk-2".parse().expect("v"));
+        assert_eq!(presented(&h), Some(&b"sk-2"[..]));
+        assert_eq!(presented(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn cost_is_tokens_times_the_price_per_million() {
+        let p = Price {
+            input_per_mtok: 2.5,
+            output_per_mtok: 10.0,
+        };
+        assert_eq!(cost_micro_usd(&p, 1_000, 100), 3_500);
+    }
+}

@@ -1,0 +1,135 @@
+//! Access: the caller's key, checked before anything else is done for the request — who it is
+//! (401), whether it may name what it named (403, naming nothing it may not see), whether its
+//! minute and its budget have room (429 with `Retry-After`) — and, when the request ends, what
+//! it actually used and spent. With no `keys` section every caller is let through.
+
+use std::time::UNIX_EPOCH;
+
+use http::HeaderMap;
+
+use super::ctx::RequestCtx;
+use crate::adapters::caller::CallerRequest;
+use crate::error::{ErrorCode, GatewayError};
+use crate::keys::{self, cost_micro_usd, ClientKey, Refusal};
+use crate::routing::decide::KeyFacts;
+use crate::routing::Tables;
+
+/// The wall clock in whole seconds, from the router's (injectable) clock.
+fn now_s(ctx: &RequestCtx) -> u64 {
+    ctx.router
+        .as_ref()
+        .map(|r| r.health.clock.wall())
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The caller's key, when keys are configured.
+pub fn key<'t>(ctx: &RequestCtx, tables: &'t Tables) -> Option<&'t ClientKey> {
+    tables.keys.as_ref()?.get(ctx.key?)
+}
+
+/// Who is calling: with keys configured, the request must present one of them.
+pub fn authenticate(
+    ctx: &mut RequestCtx,
+    tables: &Tables,
+    headers: &HeaderMap,
+) -> Result<(), GatewayError> {
+    let Some(table) = &tables.keys else {
+        return Ok(());
+    };
+    match keys::presented(headers).and_then(|p| table.authenticate(p)) {
+        Some((i, _)) => {
+            ctx.key = Some(i);
+            Ok(())
+        }
+        None => Err(GatewayError::new(
+            ErrorCode::InvalidApiKey,
+            "a valid API key is required (Authorization: Bearer <key> or x-api-key)",
+        )),
+    }
+}
+
+/// Whether the key may send this request's names (`model`, `routing.policy`, `x-llm-route`),
+/// then whether its limits have room; the request is counted against them when admitted.
+pub fn admit(
+    ctx: &mut RequestCtx,
+    tables: &Tables,
+    request: &CallerRequest,
+    route_header: Option<&[u8]>,
+) -> Result<(), GatewayError> {
+    let Some(key) = key(ctx, tables) else {
+        return Ok(());
+    };
+    if !key.allows_request(request, route_header) {
+        // Says only that it is not allowed: never whether the name exists.
+        return Err(GatewayError::new(
+            ErrorCode::ModelNotAllowed,
+            "this API key may not use the model or route it named",
+        ));
+    }
+    let tokens = request.prompt_tokens()
+        + request
+            .max_tokens()
+            .unwrap_or(keys::DEFAULT_OUTPUT_ESTIMATE);
+    let now = now_s(ctx);
+    match key.admit(now, tokens) {
+        Ok(reservation) => {
+            ctx.key_reservation = Some(reservation);
+            Ok(())
+        }
+        Err(Refusal::RateLimited(secs)) => Err(GatewayError::new(
+            ErrorCode::RateLimited,
+            "this API key is over its requests or tokens per minute",
+        )
+        .with_retry_after(Some(secs))),
+        Err(Refusal::BudgetExceeded(secs)) => Err(GatewayError::new(
+            ErrorCode::BudgetExceeded,
+            "this API key has spent its budget for the period",
+        )
+        .with_retry_after(Some(secs))),
+    }
+}
+
+/// Give back what an admitted request reserved when signalbox refused it before any call.
+pub fn refund(ctx: &mut RequestCtx, tables: &Tables) {
+    let (Some(key), Some(r)) = (key(ctx, tables), ctx.key_reservation.take()) else {
+        return;
+    };
+    key.state.requests.sub(r.at_s, 1);
+    key.state.tokens.sub(r.at_s, r.tokens);
+}
+
+/// What conditions may read about the key.
+pub fn facts<'t>(ctx: &RequestCtx, tables: &'t Tables) -> Option<KeyFacts<'t>> {
+    let key = key(ctx, tables)?;
+    Some(KeyFacts {
+        id: &key.id,
+        user: key.user.as_deref(),
+        budget: key.budget_facts(now_s(ctx)),
+    })
+}
+
+/// When the request ends: the tokens the served answer reported replace the estimate, and its
+/// cost (usage × the serving deployment's price) is spent from the key's budget.
+pub fn settle(ctx: &mut RequestCtx) {
+    let Some(reservation) = ctx.key_reservation.take() else {
+        return;
+    };
+    let Some(tables) = ctx.tables.clone() else {
+        return;
+    };
+    let Some(key) = key(ctx, &tables) else {
+        return;
+    };
+    let usage = ctx.served.and(ctx.relay.signals().usage);
+    let price = ctx.served.and_then(|a| {
+        let plan = ctx.plan.as_ref()?;
+        plan.deployment(&tables.catalog, a.target.position)?.price
+    });
+    let cost = match (usage, price) {
+        (Some(u), Some(p)) => cost_micro_usd(&p, u.prompt_tokens, u.completion_tokens),
+        _ => 0,
+    };
+    let used = usage.map(|u| u.prompt_tokens + u.completion_tokens);
+    key.settle(reservation, now_s(ctx), used, cost);
+}

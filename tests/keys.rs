@@ -1,0 +1,258 @@
+//! Client keys over sockets: who may call (401), what a key may name (403, and the model list
+//! it sees), its requests and tokens per minute and its budget (429 with `Retry-After`), all
+//! checked before any candidate is called; the key itself never reaches a provider.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+const KEY_A: &str = "sk-client-alpha-1234567890";
+const KEY_B: &str = "sk-client-beta-0987654321";
+
+fn sha(k: &str) -> String {
+    hex::encode(Sha256::digest(k.as_bytes()))
+}
+
+fn config(m: &signalbox_mock::MockHandle, keys: &str) -> String {
+    format!(
+        "providers:\n{}models:\n  gpt-4o-mini:\n    deployments: [{{ provider: p, model: up-mini, price: {{ input_per_mtok: 1000000, output_per_mtok: 1000000 }} }}]\n  claude-haiku:\n    deployments: [{{ provider: p, model: up-haiku }}]\naliases: {{ fast: gpt-4o-mini }}\nchains: {{ team: [gpt-4o-mini] }}\nkeys:\n{keys}",
+        provider("p", m)
+    )
+}
+
+async fn post(gw: &Gateway, key: Option<&str>, body: &Value) -> reqwest::Response {
+    let mut r = client().post(gw.url("/v1/chat/completions")).json(body);
+    if let Some(k) = key {
+        r = r.bearer_auth(k);
+    }
+    r.send().await.unwrap()
+}
+
+async fn error_code(r: reqwest::Response) -> (u16, String, String) {
+    let status = r.status().as_u16();
+    let v: Value = r.json().await.unwrap();
+    (
+        status,
+        v["error"]["code"].as_str().unwrap_or_default().to_string(),
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_a_configured_key_gets_through_and_it_never_reaches_the_provider() {
+    let m = mock("p").await;
+    let keys = format!(
+        "  - {{ id: alpha, key_sha256: \"{}\" }}\n  - {{ id: beta, key_env: SB_TEST_KEY_BETA }}\n",
+        sha(KEY_A)
+    );
+    let gw = GatewayBuilder::new(config(&m, &keys))
+        .env("SB_TEST_KEY_BETA", KEY_B)
+        .start();
+    for key in [None, Some("sk-wrong")] {
+        let (status, code, _) = error_code(post(&gw, key, &chat("gpt-4o-mini")).await).await;
+        assert_eq!((status, code.as_str()), (401, "invalid_api_key"), "{key:?}");
+    }
+    assert_eq!(m.calls(), 0, "no call for a refused caller");
+    // Bearer (from the digest) and x-api-key (from the environment) both work.
+    let r = post(&gw, Some(KEY_A), &chat("gpt-4o-mini")).await;
+    assert_eq!(r.status(), 200);
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .header("x-api-key", KEY_B)
+        .json(&chat("gpt-4o-mini"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    for sent in m.requests() {
+        for (name, value) in &sent.headers {
+            assert!(
+                !value.contains(KEY_A) && !value.contains(KEY_B),
+                "the client key reached the provider in {name}"
+            );
+        }
+    }
+    // An Anthropic caller without a key: refused in its own dialect.
+    let r = client()
+        .post(gw.url("/v1/messages"))
+        .header("anthropic-version", "2023-06-01")
+        .json(&json!({"model": "claude-haiku", "max_tokens": 10, "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "authentication_error");
+    let logs = gw.stderr();
+    assert!(
+        !logs.contains(KEY_A) && !logs.contains(KEY_B),
+        "a key in the log"
+    );
+    let metrics = gw.metrics_with(&["signalbox_requests_total"]).await;
+    assert!(!metrics.contains(KEY_A) && !metrics.contains(&sha(KEY_A)));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_names_only_what_it_may_and_sees_only_that() {
+    let m = mock("p").await;
+    let keys = format!(
+        "  - {{ id: alpha, key_sha256: \"{}\", allowed_models: [\"gpt-4o*\", fast, \"auto:*\"] }}\n",
+        sha(KEY_A)
+    );
+    let gw = Gateway::start(config(&m, &keys));
+    for model in ["gpt-4o-mini", "FAST", "auto:team"] {
+        let r = post(&gw, Some(KEY_A), &chat(model)).await;
+        assert_eq!(r.status(), 200, "{model}");
+    }
+    let calls = m.calls();
+    for model in ["claude-haiku", "no-such-model", "p/up-haiku"] {
+        let (status, code, message) = error_code(post(&gw, Some(KEY_A), &chat(model)).await).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (403, "model_not_allowed"),
+            "{model}"
+        );
+        assert!(!message.contains(model), "names nothing: {message}");
+    }
+    // A route named by header or body is checked too.
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(KEY_A)
+        .header("x-llm-route", "secret-policy")
+        .json(&chat("gpt-4o-mini"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(r).await.1, "model_not_allowed");
+    assert_eq!(m.calls(), calls, "refused without a call");
+    // The list shows what the key may use, nothing else.
+    let v: Value = client()
+        .get(gw.url("/v1/models"))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        ids.contains(&"gpt-4o-mini") && ids.contains(&"fast"),
+        "{ids:?}"
+    );
+    assert!(ids.contains(&"auto:team"), "{ids:?}");
+    assert!(!ids.contains(&"claude-haiku"), "{ids:?}");
+    let r = client().get(gw.url("/v1/models")).send().await.unwrap();
+    assert_eq!(r.status(), 401, "the list needs a key too");
+    // Explain, as the key would send it.
+    let explain = |model: &'static str| {
+        let url = format!("http://{}/admin/explain?key=alpha", gw.admin);
+        async move {
+            client()
+                .post(url)
+                .json(&chat(model))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+    assert!(explain("claude-haiku").await.contains("model_not_allowed"));
+    let ok = explain("gpt-4o-mini").await;
+    assert!(
+        !ok.contains("model_not_allowed") && ok.contains("up-mini"),
+        "{ok}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_and_tokens_per_minute_are_refused_before_any_call() {
+    let m = mock("p").await;
+    let keys = format!(
+        "  - {{ id: alpha, key_sha256: \"{}\", rpm: 2 }}\n  - {{ id: beta, key_sha256: \"{}\", tpm: 300 }}\n",
+        sha(KEY_A),
+        sha(KEY_B)
+    );
+    let gw = Gateway::start(config(&m, &keys));
+    for _ in 0..2 {
+        assert_eq!(
+            post(&gw, Some(KEY_A), &chat("gpt-4o-mini")).await.status(),
+            200
+        );
+    }
+    let r = post(&gw, Some(KEY_A), &chat("gpt-4o-mini")).await;
+    let retry: u64 = header(&r, "retry-after").parse().expect("Retry-After");
+    assert!((1..=60).contains(&retry), "{retry}");
+    assert_eq!(error_code(r).await.1, "rate_limited");
+    assert_eq!(m.calls(), 2, "the third never reached the provider");
+    // Tokens: the estimate (prompt + max_tokens) is over the key's minute.
+    let mut big = chat("gpt-4o-mini");
+    big["max_tokens"] = json!(1000);
+    let (status, code, _) = error_code(post(&gw, Some(KEY_B), &big).await).await;
+    assert_eq!((status, code.as_str()), (429, "rate_limited"));
+    assert_eq!(m.calls(), 2);
+    // One key's minute is not another's.
+    let mut small = chat("gpt-4o-mini");
+    small["max_tokens"] = json!(16);
+    assert_eq!(post(&gw, Some(KEY_B), &small).await.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spent_budget_refuses_until_the_period_ends() {
+    let m = mock("p").await;
+    // gpt-4o-mini costs $1 per token here: the first answer spends the key's $5.
+    let keys = format!(
+        "  - {{ id: alpha, key_sha256: \"{}\", budget: {{ usd: 5, period: day }} }}\n",
+        sha(KEY_A)
+    );
+    let gw = Gateway::start(config(&m, &keys));
+    assert_eq!(
+        post(&gw, Some(KEY_A), &chat("gpt-4o-mini")).await.status(),
+        200
+    );
+    let r = post(&gw, Some(KEY_A), &chat("gpt-4o-mini")).await;
+    let retry: u64 = header(&r, "retry-after").parse().expect("Retry-After");
+    assert!(
+        (1..=86_400).contains(&retry),
+        "until the UTC day ends: {retry}"
+    );
+    let (status, code, _) = error_code(r).await;
+    assert_eq!((status, code.as_str()), (429, "budget_exceeded"));
+    assert_eq!(m.calls(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rules_and_policies_can_read_the_key() {
+    let m = mock("p").await;
+    let keys = format!(
+        "  - {{ id: alpha, key_sha256: \"{}\", user: alice }}\n  - {{ id: beta, key_sha256: \"{}\" }}\n",
+        sha(KEY_A),
+        sha(KEY_B)
+    );
+    let rules = "rules:\n  - when: { key.user: alice }\n    then: auto:team\n";
+    let conf = config(&m, &keys).replace(
+        "chains: { team: [gpt-4o-mini] }",
+        "chains: { team: [gpt-4o-mini], other: [claude-haiku] }\nactive_chain: other",
+    ) + rules;
+    let gw = Gateway::start(conf);
+    let r = post(&gw, Some(KEY_A), &chat("auto")).await;
+    assert_eq!(header(&r, "x-llm-route"), "rule:0", "alice's rule");
+    assert_eq!(header(&r, "x-routed-via"), "p/up-mini", "to the team chain");
+    let r = post(&gw, Some(KEY_B), &chat("auto")).await;
+    assert_eq!(header(&r, "x-llm-route"), "chain:other", "no rule for beta");
+    assert_eq!(header(&r, "x-routed-via"), "p/up-haiku");
+}

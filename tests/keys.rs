@@ -256,3 +256,90 @@ async fn rules_and_policies_can_read_the_key() {
     assert_eq!(header(&r, "x-llm-route"), "chain:other", "no rule for beta");
     assert_eq!(header(&r, "x-routed-via"), "p/up-haiku");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keys_made_at_runtime_work_at_once_survive_a_restart_and_can_be_revoked() {
+    let m = mock("p").await;
+    let keys = format!("  - {{ id: alpha, key_sha256: \"{}\" }}\n", sha(KEY_A));
+    let gw = GatewayBuilder::new(config(&m, &keys) + "admin: { token_env: SB_ADMIN }\n")
+        .env("SB_ADMIN", "admin-secret")
+        .start();
+    let admin = |path: &str| format!("http://{}{path}", gw.admin);
+    let r = client()
+        .post(admin("/admin/keys"))
+        .bearer_auth("admin-secret")
+        .json(&json!({"id": "runtime", "user": "bob", "allowed_models": ["gpt-4o-mini"], "rpm": 5}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    let key = v["key"].as_str().expect("the key, once").to_string();
+    assert!(key.starts_with("sk-sb-") && key.len() > 40, "{key}");
+    // Serves at once, with its limits.
+    assert_eq!(
+        post(&gw, Some(&key), &chat("gpt-4o-mini")).await.status(),
+        200
+    );
+    let (_, code, _) = error_code(post(&gw, Some(&key), &chat("claude-haiku")).await).await;
+    assert_eq!(code, "model_not_allowed");
+    // Only the digest is written; the key appears nowhere signalbox could show it again.
+    let file = std::fs::read_to_string(gw.config_path()).unwrap();
+    assert!(file.contains(&sha(&key)) && !file.contains(&key));
+    let shown = client()
+        .get(admin("/admin/config"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!shown.contains(&key));
+    assert!(!gw.stderr().contains(&key));
+    // A restart reads it back from the file.
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(&file).unwrap();
+    let map = doc.as_mapping_mut().unwrap();
+    map.remove("listen");
+    map.remove("pingora");
+    let restarted = GatewayBuilder::new(serde_yaml::to_string(&doc).unwrap())
+        .env("SB_ADMIN", "admin-secret")
+        .start();
+    assert_eq!(
+        post(&restarted, Some(&key), &chat("gpt-4o-mini"))
+            .await
+            .status(),
+        200
+    );
+    drop(restarted);
+    // The same id twice is refused; nothing changes.
+    let r = client()
+        .post(admin("/admin/keys"))
+        .bearer_auth("admin-secret")
+        .json(&json!({"id": "runtime"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    // Revoked: refused at once.
+    let r = client()
+        .delete(admin("/admin/keys/runtime"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (status, code, _) = error_code(post(&gw, Some(&key), &chat("gpt-4o-mini")).await).await;
+    assert_eq!((status, code.as_str()), (401, "invalid_api_key"));
+    let r = client()
+        .delete(admin("/admin/keys/runtime"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        post(&gw, Some(KEY_A), &chat("gpt-4o-mini")).await.status(),
+        200
+    );
+}

@@ -71,7 +71,7 @@ pub async fn handle(
 }
 
 /// Run a blocking config change off the async workers (it resolves provider hosts).
-async fn run(
+pub(super) async fn run(
     f: impl FnOnce() -> Result<Applied, ReloadError> + Send + 'static,
 ) -> Result<Applied, ReloadError> {
     tokio::task::spawn_blocking(f)
@@ -80,7 +80,7 @@ async fn run(
 }
 
 /// The answer to a change: 200 with `ok(applied)`, or the refusal.
-fn applied(
+pub(super) fn applied(
     outcome: Result<Applied, ReloadError>,
     ok: impl FnOnce(&Applied) -> Value,
 ) -> Response<Vec<u8>> {

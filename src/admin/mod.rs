@@ -9,7 +9,8 @@
 //! | `GET /admin/config` · `PUT /admin/config` · `POST /admin/reload` | read · write · write | the running config · replace it · re-read the file |
 //! | `GET`/`PUT /admin/policies/{name}`, `/admin/rules`, `/admin/chains/{name}` | read/write | one section |
 //! | `POST /admin/chains/{name}/sort/{smartest,fastest,budget}` | write | reorder a chain |
-//! | `GET /admin/usage`, `POST /admin/keys`, `DELETE /admin/keys/{id}` | — | not built yet (client keys) |
+//! | `POST /admin/keys` · `DELETE /admin/keys/{id}` | write | create a client key (returned once) · revoke one |
+//! | `GET /admin/usage` | — | not built yet (the ledger) |
 //!
 //! Tokens (`admin.token_env`, `admin.read_token_env`) come as `Authorization: Bearer`, compared
 //! in constant time over digests. With a token configured, a request without a valid one gets
@@ -23,6 +24,7 @@
 
 pub mod config;
 pub mod health;
+mod keys;
 pub mod ready;
 
 use crate::adapters::surface::Surface;
@@ -213,9 +215,10 @@ impl ServeHttp for AdminApp {
             (_, ["admin", "config" | "reload" | "policies" | "rules" | "chains", ..]) => {
                 config::handle(&self.reloader, session, &method, &parts[1..]).await
             }
-            (_, ["admin", "usage" | "keys", ..]) => {
-                error(404, "not_found", "usage and client keys are not built yet")
+            (_, ["admin", "keys", ..]) => {
+                keys::handle(&self.reloader, session, &method, &parts[1..]).await
             }
+            (_, ["admin", "usage", ..]) => error(404, "not_found", "usage is not built yet"),
             _ => error(404, "not_found", "no such admin endpoint"),
         }
     }

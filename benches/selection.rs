@@ -81,6 +81,7 @@ fn select(router: &Router, seed: u64) -> Option<usize> {
         catalog: &tables.catalog,
         health: &tables.health,
         now_ms: router.health.now_ms(),
+        wall_s: router.health.wall_s(),
         degraded: false,
     };
     plan.next(&env, Advance::NextDeployment)
@@ -287,6 +288,7 @@ fn bench_decide(c: &mut Criterion) {
                     catalog: &tables.catalog,
                     health: &tables.health,
                     now_ms: router.health.now_ms(),
+                    wall_s: router.health.wall_s(),
                     degraded: false,
                 };
                 let facts = RequestFacts {

@@ -1,14 +1,15 @@
 //! signalbox: an LLM gateway on Pingora.
 //!
-//! Callers send OpenAI-shaped `POST /v1/chat/completions`; signalbox resolves the `model`
-//! string to a route, walks the route's candidates (deployment × credential) and fails over
-//! to the next one when an attempt fails before the caller received a byte.
+//! Callers send OpenAI- or Anthropic-shaped requests; signalbox resolves the `model` string to
+//! a route, walks the route's candidates (deployment × credential), translating between the
+//! dialects where the provider speaks the other one, and fails over to the next candidate when
+//! an attempt fails before the caller received a byte.
 //!
 //! # The house
 //!
 //! Dependencies point one way: `config` → `catalog` → `health` → `routing` → `proxy` →
-//! `server`, with `retry` (the failure vocabulary) and `adapters` (the dialects) below all of
-//! them, and `server` the only module that sees every other.
+//! `server`, with `retry` (the failure vocabulary), `adapters` (the dialects) and `limits`
+//! (counters) below all of them, and `server` the only module that sees every other.
 //!
 //! - [`config`]: the file format (`schema`), its checked types, per-section validation, value
 //!   parsers, the one table of defaults, and the condition language of rules and policies.
@@ -22,10 +23,13 @@
 //!   rules compiled into routes (`policy`), the precedence of what a request names and its
 //!   plan (`decide`), strategies (`scoring`), per-request lead picks (`lead`), the plan walk
 //!   (`plan`), the background ranker, and `explain`, which runs the same decision and walk.
-//! - [`adapters`]: provider dialects as byte transforms (the JSON scanner, the OpenAI
-//!   dialect).
+//! - [`adapters`]: the dialects as byte transforms: the JSON scanner, OpenAI's and Anthropic's
+//!   dialects, translation between them, the caller's request and the relay of an answer.
+//! - [`limits`]: lock-free sliding windows and period budgets; [`keys`]: client keys — who
+//!   may call, what they may name, their limits and spend.
 //! - [`proxy`]: doing — the `ProxyHttp` implementation, one room per concern: intake,
-//!   planning, the attempt, the response, the failure decision, accounting.
+//!   access (the caller's key), planning, the attempt, the hold path, the response, the
+//!   failure decision, accounting.
 //! - [`metrics`], [`admin`]: Prometheus metrics (request and health families) and the admin
 //!   listener.
 //! - [`dns`]: background re-resolution of provider hosts; [`periodic`]: the loop background
@@ -48,6 +52,7 @@ pub mod error;
 pub mod health;
 pub mod keys;
 pub mod lifecycle;
+pub mod limits;
 pub mod metrics;
 pub mod periodic;
 pub mod proxy;

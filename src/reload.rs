@@ -309,6 +309,8 @@ impl Reloader {
             Catalog::build(config, &resolve_blocking, &read_key_from_env_or_file)
                 .map_err(|e| ReloadError::Build(e.to_string()))?;
         let old = self.router.tables.load_full();
+        let mut catalog = catalog;
+        catalog.carry_spend(&old.catalog);
         let health = old.health.carry_over(&old.catalog, &catalog, config.health);
         let catalog = Arc::new(catalog);
         let (tables, key_warnings) = Tables::build(
@@ -318,7 +320,7 @@ impl Reloader {
             &self.metrics,
             old.generation + 1,
         )
-        .with_keys(config, Some(&old));
+        .with_accounts(config, Some(&old));
         let (tokens, token_warnings) = AdminTokens::from_config(&config.admin);
         let mut all: Vec<String> = warnings.into_iter().map(|w| w.0).collect();
         all.extend(token_warnings);

@@ -126,6 +126,8 @@ pub enum NoCall {
     Unavailable,
     /// Every candidate's `rpm` window is full.
     RateLimited,
+    /// Every candidate's deployment or provider budget is spent.
+    OverBudget,
 }
 
 /// Failures worth calling the same target again (`failover.transient_retries`): the target
@@ -313,6 +315,12 @@ impl FailureLog {
                 return GatewayError::new(
                     ErrorCode::ProviderNotConfigured,
                     "no candidate for this model has a usable provider credential configured",
+                );
+            }
+            if no_call == NoCall::OverBudget {
+                return GatewayError::new(
+                    ErrorCode::BudgetExceeded,
+                    "every candidate for this model is over its budget for the period",
                 );
             }
             if no_call == NoCall::RateLimited {

@@ -85,7 +85,7 @@ pub fn build_state_with_clock(
     let shared = HealthShared::new(clock, &config.health);
     let health = Arc::new(HealthRegistry::new(&catalog, config.health, shared.clone()));
     let (tables, key_warnings) =
-        Tables::build(config, catalog, health, &metrics, 1).with_keys(config, None);
+        Tables::build(config, catalog, health, &metrics, 1).with_accounts(config, None);
     let mut warnings = warnings;
     warnings.extend(key_warnings.into_iter().map(CatalogWarning));
     let router = Arc::new(Router::new(tables, shared));

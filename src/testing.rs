@@ -85,6 +85,7 @@ impl Fixture {
             catalog: &self.catalog,
             health: &self.health,
             now_ms: self.shared.now_ms(),
+            wall_s: self.shared.wall_s(),
             degraded,
         }
     }

@@ -30,8 +30,9 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_core::utils::tls::{parse_x509, WrappedX509};
 
 use crate::config::{
-    BaseUrl, Capabilities, Config, KeySource, Price, ProviderKind, Scheme, Strategy,
+    BaseUrl, BudgetConfig, Capabilities, Config, KeySource, Price, ProviderKind, Scheme, Strategy,
 };
+use crate::limits::budget::Spend;
 use crate::secret::Secret;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -145,6 +146,10 @@ pub struct Provider {
     /// Round-robin start for credential choice, so load spreads across keys.
     pub credential_cursor: AtomicUsize,
     pub enabled: bool,
+    /// `budgets.providers.<id>`, and what the provider spent (shared with the catalog it was
+    /// rebuilt from, by id).
+    pub budget: Option<BudgetConfig>,
+    pub spend: Arc<Spend>,
 }
 
 /// How long an idle upstream connection stays pooled.
@@ -216,6 +221,10 @@ pub struct Deployment {
     /// Share under the `weighted` strategy; `None` = only in the failure order.
     pub weight: Option<f64>,
     pub rpm: Option<u32>,
+    /// What the deployment may spend per period, and what it spent (shared with the catalog it
+    /// was rebuilt from, by identity).
+    pub budget: Option<BudgetConfig>,
+    pub spend: Arc<Spend>,
     /// A stable hash of the deployment's identity (model, provider, upstream model): the same
     /// in every catalog and every replica (sticky sessions and prefix affinity use it).
     pub key_hash: u64,
@@ -351,6 +360,8 @@ impl Catalog {
                 credentials,
                 credential_cursor: AtomicUsize::new(0),
                 enabled: p.enabled,
+                budget: p.budget,
+                spend: Arc::default(),
             });
         }
 
@@ -375,6 +386,8 @@ impl Catalog {
                     price: d.price,
                     weight: d.weight,
                     rpm: d.rpm,
+                    budget: d.budget,
+                    spend: Arc::default(),
                     key_hash: identity_hash(&[&m.name, &provider.id, &d.upstream_model]),
                 });
                 own.push(di);
@@ -406,6 +419,23 @@ impl Catalog {
     }
 }
 
+impl Catalog {
+    /// Share the spend counters of `old`'s deployments and providers with the same ones here
+    /// (deployments by identity, providers by id): a reload neither forgets nor refunds spend.
+    pub fn carry_spend(&mut self, old: &Catalog) {
+        for d in &mut self.deployments {
+            if let Some(o) = old.deployments.iter().find(|o| o.key_hash == d.key_hash) {
+                d.spend = o.spend.clone();
+            }
+        }
+        for p in &mut self.providers {
+            if let Some(o) = old.providers.iter().find(|o| o.id == p.id) {
+                p.spend = o.spend.clone();
+            }
+        }
+    }
+}
+
 impl Deployment {
     /// A deployment for a direct request (`<provider>/<upstream-model>`) to an upstream model
     /// the catalog does not list. `None` if the name cannot be sent in a header or a body.
@@ -427,6 +457,8 @@ impl Deployment {
             price: None,
             weight: None,
             rpm: None,
+            budget: None,
+            spend: Arc::default(),
             key_hash: identity_hash(&[&provider.id, upstream_model]),
         })
     }

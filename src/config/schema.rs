@@ -56,6 +56,19 @@ pub struct ConfigFile {
     /// Client keys: absent, no caller auth; present, every proxied request needs one.
     #[serde(default)]
     pub keys: Option<Vec<KeySection>>,
+    /// Spending limits beyond keys and deployments.
+    #[serde(default)]
+    pub budgets: BudgetsSection,
+}
+
+/// `budgets`: the whole gateway's, and each provider's.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetsSection {
+    #[serde(default)]
+    pub global: Option<BudgetSection>,
+    #[serde(default)]
+    pub providers: BTreeMap<String, BudgetSection>,
 }
 
 /// One client key (`keys[]`).
@@ -230,6 +243,9 @@ pub struct DeploymentSection {
     /// Requests per minute this deployment may take; drives the headroom factor.
     #[serde(default)]
     pub rpm: Option<u32>,
+    /// What this deployment may spend per period; over it, it is skipped (`over_budget`).
+    #[serde(default)]
+    pub budget: Option<BudgetSection>,
 }
 
 #[derive(Debug, Deserialize, Clone, Copy)]

@@ -40,6 +40,8 @@ pub struct Config {
     pub response: ResponseConfig,
     /// Client keys; `None`: no caller auth.
     pub keys: Option<Vec<ClientKeyConfig>>,
+    /// `budgets.global`: what the whole gateway may spend per period.
+    pub global_budget: Option<BudgetConfig>,
 }
 
 /// How a client key is known: its sha256, or an environment variable holding the key.
@@ -292,6 +294,8 @@ pub struct ProviderConfig {
     pub connect_timeout: Duration,
     pub ttfb_timeout: Duration,
     pub enabled: bool,
+    /// `budgets.providers.<id>`.
+    pub budget: Option<BudgetConfig>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -317,6 +321,7 @@ pub struct DeploymentConfig {
     /// Normalised by the `weighted` strategy; `None` = only in the failure order.
     pub weight: Option<f64>,
     pub rpm: Option<u32>,
+    pub budget: Option<BudgetConfig>,
 }
 
 #[derive(Debug, Clone)]

@@ -155,6 +155,14 @@ impl HealthShared {
     pub fn now_ms(&self) -> u64 {
         self.clock.now_ms()
     }
+
+    /// Wall-clock seconds since the epoch (calendar periods of budgets).
+    pub fn wall_s(&self) -> u64 {
+        self.clock
+            .wall()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    }
 }
 
 /// The health records of one catalog, indexed like it.

@@ -5,14 +5,11 @@
 //! sha256 digests: the presented key is hashed, found by its digest, and compared in constant
 //! time, so neither the key nor its digest leaves a trace in timing, logs or metrics. A key
 //! limits the names it may send (`allowed_models` globs over `model`, `routing.policy`,
-//! `x-llm-route`), its requests and tokens per minute ([`window`]) and its spend over a
-//! calendar period ([`budget`]); all of it is checked before any candidate is considered.
+//! `x-llm-route`), its requests and tokens per minute and its spend over a calendar period
+//! (counters from [`crate::limits`]); all of it is checked before any candidate is considered.
 //!
 //! Counters live in a [`KeyState`] shared across reloads by key id, so a reload neither
 //! forgets a minute's requests nor refunds a month's spend.
-
-pub mod budget;
-pub mod window;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,10 +17,11 @@ use std::sync::Arc;
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
-use self::budget::Spend;
-use self::window::Window;
 use crate::adapters::caller::CallerRequest;
-use crate::config::{BudgetConfig, ClientKeyConfig, ClientKeySource, Price};
+use crate::config::{BudgetConfig, ClientKeyConfig, ClientKeySource};
+pub use crate::limits::budget::cost_micro_usd;
+use crate::limits::budget::Spend;
+use crate::limits::window::Window;
 
 /// Output tokens assumed for a request that sets no `max_tokens` (DESIGN §8).
 pub const DEFAULT_OUTPUT_ESTIMATE: u64 = 256;
@@ -148,17 +146,6 @@ impl ClientKey {
             )
         })
     }
-}
-
-/// The cost of an answer in micro-USD: a price per million tokens is a price in micro-USD per
-/// token.
-pub fn cost_micro_usd(price: &Price, prompt_tokens: u64, completion_tokens: u64) -> u64 {
-    #[allow(clippy::cast_precision_loss)]
-    let usd_micro = prompt_tokens as f64 * price.input_per_mtok
-        + completion_tokens as f64 * price.output_per_mtok;
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let out = usd_micro.round().max(0.0) as u64;
-    out
 }
 
 /// `*` any run, `?` one byte; everything else literal.
@@ -385,7 +372,7 @@ mod tests {
 
     #[test]
     fn cost_is_tokens_times_the_price_per_million() {
-        let p = Price {
+        let p = crate::config::Price {
             input_per_mtok: 2.5,
             output_per_mtok: 10.0,
         };

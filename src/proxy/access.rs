@@ -57,6 +57,16 @@ pub fn admit(
     request: &CallerRequest,
     route_header: Option<&[u8]>,
 ) -> Result<(), GatewayError> {
+    if let Some(budget) = &tables.global_budget {
+        // The whole gateway's budget: spent, nothing is sent anywhere.
+        if let Err(secs) = tables.global_spend.check(budget, now_s(ctx)) {
+            return Err(GatewayError::new(
+                ErrorCode::BudgetExceeded,
+                "the gateway has spent its budget for the period",
+            )
+            .with_retry_after(Some(secs)));
+        }
+    }
     let Some(key) = key(ctx, tables) else {
         return Ok(());
     };
@@ -109,27 +119,45 @@ pub fn facts<'t>(ctx: &RequestCtx, tables: &'t Tables) -> Option<KeyFacts<'t>> {
     })
 }
 
-/// When the request ends: the tokens the served answer reported replace the estimate, and its
-/// cost (usage × the serving deployment's price) is spent from the key's budget.
+/// When the request ends: what the served answer cost (its usage × the serving deployment's
+/// price) is spent from every budget it counts against — the deployment's, its provider's, the
+/// gateway's, the key's — and the key's token window takes the reported tokens in place of the
+/// estimate.
 pub fn settle(ctx: &mut RequestCtx) {
-    let Some(reservation) = ctx.key_reservation.take() else {
+    let Some(tables) = ctx.tables.clone() else {
         return;
     };
-    let Some(tables) = ctx.tables.clone() else {
+    let usage = ctx.served.and(ctx.relay.signals().usage);
+    let deployment = ctx.served.and_then(|a| {
+        let plan = ctx.plan.as_ref()?;
+        plan.deployment(&tables.catalog, a.target.position)
+    });
+    let cost = match (usage, deployment.and_then(|d| d.price)) {
+        (Some(u), Some(p)) => cost_micro_usd(&p, u.prompt_tokens, u.completion_tokens),
+        _ => 0,
+    };
+    let now = now_s(ctx);
+    if cost > 0 {
+        if let Some(d) = deployment {
+            let provider = tables.catalog.provider(d.provider);
+            let spends = [
+                (d.budget, &*d.spend),
+                (provider.budget, &*provider.spend),
+                (tables.global_budget, &*tables.global_spend),
+            ];
+            for (budget, spend) in spends {
+                if let Some(b) = budget {
+                    spend.add(b.period, now, cost);
+                }
+            }
+        }
+    }
+    let Some(reservation) = ctx.key_reservation.take() else {
         return;
     };
     let Some(key) = key(ctx, &tables) else {
         return;
     };
-    let usage = ctx.served.and(ctx.relay.signals().usage);
-    let price = ctx.served.and_then(|a| {
-        let plan = ctx.plan.as_ref()?;
-        plan.deployment(&tables.catalog, a.target.position)?.price
-    });
-    let cost = match (usage, price) {
-        (Some(u), Some(p)) => cost_micro_usd(&p, u.prompt_tokens, u.completion_tokens),
-        _ => 0,
-    };
     let used = usage.map(|u| u.prompt_tokens + u.completion_tokens);
-    key.settle(reservation, now_s(ctx), used, cost);
+    key.settle(reservation, now, used, cost);
 }

@@ -30,6 +30,7 @@ pub fn plan_env<'a>(router: &Router, tables: &'a Tables) -> PlanEnv<'a> {
         catalog: &tables.catalog,
         health: &tables.health,
         now_ms: router.health.now_ms(),
+        wall_s: router.health.wall_s(),
         degraded: router.health.degraded.is_degraded(),
     }
 }
@@ -135,6 +136,9 @@ pub fn plan_request(
                 });
                 err.with_retry_after(Some(secs))
                     .with_skipped(plan.skip_counts().map(|(r, n)| (r.as_str(), n)).collect())
+            }
+            ErrorCode::BudgetExceeded => {
+                err.with_retry_after(Some(plan.budget_frees_s().unwrap_or(3_600)))
             }
             ErrorCode::RateLimited => {
                 let secs = plan

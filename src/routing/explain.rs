@@ -89,6 +89,7 @@ pub fn explain<'a>(
         catalog: &tables.catalog,
         health: &tables.health,
         now_ms: router.health.now_ms(),
+        wall_s: router.health.wall_s(),
         degraded: router.health.degraded.is_degraded(),
     };
     let facts = RequestFacts {

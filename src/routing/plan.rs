@@ -44,6 +44,7 @@ use crate::catalog::{Catalog, Deployment, DeploymentIdx, ProviderIdx};
 use crate::config::Strategy;
 use crate::health::breaker::FULL_HEALTH;
 use crate::health::{Admission, HealthRegistry, TargetRef, Unavailable};
+use crate::limits::budget::{cost_micro_usd, seconds_to_reset};
 use crate::retry::{Advance, NoCall};
 
 /// Why a candidate was passed over without a call.
@@ -77,10 +78,13 @@ pub enum SkipReason {
     Benched,
     /// Its credentials are cooling (401/403/429).
     CredentialCooling,
+    /// Its deployment's or its provider's budget would be passed by this request's estimated
+    /// cost.
+    OverBudget,
 }
 
 impl SkipReason {
-    pub const ALL: [SkipReason; 15] = [
+    pub const ALL: [SkipReason; 16] = [
         SkipReason::ProviderDisabled,
         SkipReason::NoCredential,
         SkipReason::Unresolved,
@@ -96,6 +100,7 @@ impl SkipReason {
         SkipReason::ProbeBusy,
         SkipReason::Benched,
         SkipReason::CredentialCooling,
+        SkipReason::OverBudget,
     ];
 
     /// The stable name: in explain, the `no_provider_available` body and metrics labels.
@@ -116,6 +121,7 @@ impl SkipReason {
             SkipReason::ProbeBusy => "half_open_busy",
             SkipReason::Benched => "benched",
             SkipReason::CredentialCooling => "credential_cooling",
+            SkipReason::OverBudget => "over_budget",
         }
     }
 
@@ -153,6 +159,8 @@ pub struct PlanEnv<'a> {
     pub catalog: &'a Catalog,
     pub health: &'a HealthRegistry,
     pub now_ms: u64,
+    /// Wall-clock seconds (budget periods are calendar periods).
+    pub wall_s: u64,
     /// Degraded mode: no exploration (no load-balancing picks, no half-open probes).
     pub degraded: bool,
 }
@@ -231,6 +239,7 @@ pub struct Plan {
     soonest_ms: Option<u64>,
     /// When the soonest full `rpm` window frees up.
     rpm_frees_ms: Option<u64>,
+    budget_frees_s: Option<u64>,
     rng: u64,
 }
 
@@ -263,6 +272,7 @@ impl Plan {
             skips: None,
             soonest_ms: None,
             rpm_frees_ms: None,
+            budget_frees_s: None,
             rng: splitmix64(facts.seed | 1),
         }
     }
@@ -353,6 +363,7 @@ impl Plan {
     pub fn no_call(&self) -> NoCall {
         let total: u32 = self.skipped.iter().map(|n| u32::from(*n)).sum();
         let rpm = u32::from(self.skipped(SkipReason::RpmFull));
+        let budget = u32::from(self.skipped(SkipReason::OverBudget));
         if self.skipped(SkipReason::NoCredential) > 0
             && self.skipped(SkipReason::ProviderDisabled) == 0
             && self.skipped(SkipReason::Unresolved) == 0
@@ -360,9 +371,16 @@ impl Plan {
             NoCall::NotConfigured
         } else if rpm > 0 && rpm == total {
             NoCall::RateLimited
+        } else if budget > 0 && budget == total {
+            NoCall::OverBudget
         } else {
             NoCall::Unavailable
         }
+    }
+
+    /// Seconds until the soonest spent budget of a skipped candidate resets.
+    pub fn budget_frees_s(&self) -> Option<u64> {
+        self.budget_frees_s
     }
 
     /// When the soonest full `rpm` window of a skipped candidate frees up.
@@ -543,7 +561,37 @@ impl Plan {
                 return Err(SkipReason::RpmFull);
             }
         }
-        Ok(())
+        self.within_budgets(env, pos)
+    }
+
+    /// The deployment's and its provider's budgets, against what they spent in the period and
+    /// this request's estimated cost on this deployment.
+    fn within_budgets(&mut self, env: &PlanEnv<'_>, pos: usize) -> Result<(), SkipReason> {
+        let Some(frees) = self.budget_spent_for(env, pos) else {
+            return Ok(());
+        };
+        self.budget_frees_s = Some(self.budget_frees_s.map_or(frees, |s| s.min(frees)));
+        Err(SkipReason::OverBudget)
+    }
+
+    /// When over a budget, the seconds until that budget's period ends.
+    fn budget_spent_for(&self, env: &PlanEnv<'_>, pos: usize) -> Option<u64> {
+        let d = self.deployment(env.catalog, pos)?;
+        let p = env.catalog.provider(d.provider);
+        if d.budget.is_none() && p.budget.is_none() {
+            return None;
+        }
+        let estimate = d.price.map_or(0, |price| {
+            cost_micro_usd(&price, self.facts.input_tokens, self.facts.output_tokens)
+        });
+        [(d.budget, &d.spend), (p.budget, &p.spend)]
+            .into_iter()
+            .find_map(|(budget, spend)| {
+                let b = budget?;
+                let spent = spend.spent(b.period, env.wall_s);
+                (spent >= b.micro_usd || spent + estimate > b.micro_usd)
+                    .then(|| seconds_to_reset(b.period, env.wall_s))
+            })
     }
 
     /// Record why no credential of a gated candidate could take the request now.

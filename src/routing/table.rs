@@ -18,9 +18,12 @@ use super::policy::{PolicyIdx, PolicyTable, RuleTable};
 use super::route::Builder;
 pub use super::route::{Route, RouteIdx, RouteKind, Segment};
 use crate::catalog::{Catalog, DeploymentIdx, ProviderIdx};
-use crate::config::{Config, Failover, Limits, ResponseConfig, RoutingKnobs, Strategy};
+use crate::config::{
+    BudgetConfig, Config, Failover, Limits, ResponseConfig, RoutingKnobs, Strategy,
+};
 use crate::health::HealthRegistry;
 use crate::keys::KeyTable;
+use crate::limits::budget::Spend;
 use crate::metrics::{BoundMetrics, Metrics, RoutingLabels};
 
 /// The immutable routing snapshot.
@@ -54,8 +57,11 @@ pub struct Tables {
     /// What signalbox adds to response bodies.
     pub response: ResponseConfig,
     /// Client keys (`keys`); `None`: no caller auth. Set by whoever builds the snapshot, which
-    /// knows the previous one to carry the keys' counters from ([`Tables::with_keys`]).
+    /// knows the previous one to carry the keys' counters from ([`Tables::with_accounts`]).
     pub keys: Option<Arc<KeyTable>>,
+    /// `budgets.global`, and what the whole gateway spent (carried like the keys' counters).
+    pub global_budget: Option<BudgetConfig>,
+    pub global_spend: Arc<Spend>,
     pub metrics: BoundMetrics,
 }
 
@@ -83,9 +89,17 @@ const AXES: &[(&str, Strategy)] = &[
 ];
 
 impl Tables {
-    /// The client keys of `config`, the counters of keys `previous` already had carried over;
-    /// with the warnings about keys that cannot be used.
-    pub fn with_keys(mut self, config: &Config, previous: Option<&Tables>) -> (Self, Vec<String>) {
+    /// The accounts that outlive a snapshot: the global spend and the client keys of `config`,
+    /// the counters `previous` already had carried over; with the warnings about keys that
+    /// cannot be used.
+    pub fn with_accounts(
+        mut self,
+        config: &Config,
+        previous: Option<&Tables>,
+    ) -> (Self, Vec<String>) {
+        if let Some(p) = previous {
+            self.global_spend = p.global_spend.clone();
+        }
         let Some(keys) = &config.keys else {
             return (self, Vec::new());
         };
@@ -232,6 +246,8 @@ impl Tables {
             routing: config.routing,
             response: config.response,
             keys: None,
+            global_budget: config.global_budget,
+            global_spend: Arc::default(),
             metrics: bound,
         }
     }

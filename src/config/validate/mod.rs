@@ -45,7 +45,20 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
     let listen = server::validate_listen(&file.listen, &mut errs);
     let failover = failover::validate_failover(&file.failover, &mut errs);
     let limits = failover::validate_limits(&file.limits, &mut errs);
-    let providers = providers::validate_providers(&file.providers, &failover, &mut errs);
+    let mut providers = providers::validate_providers(&file.providers, &failover, &mut errs);
+    let global_budget = file
+        .budgets
+        .global
+        .as_ref()
+        .and_then(|b| keys::validate_budget(b, "budgets.global", &mut errs));
+    for (id, b) in &file.budgets.providers {
+        let path = format!("budgets.providers.{id}");
+        let budget = keys::validate_budget(b, &path, &mut errs);
+        match providers.list.iter_mut().find(|p| &p.id == id) {
+            Some(p) => p.budget = budget,
+            None => errs.push(ConfigError::new(path, format!("no provider {id:?}"))),
+        }
+    }
 
     let mut names = names::Namespace::default();
     let models = models::validate_models(&file.models, &providers, &mut names, &mut errs);
@@ -89,5 +102,6 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
             provider_field: file.response.provider_field,
         },
         keys,
+        global_budget,
     })
 }

@@ -174,6 +174,10 @@ fn validate_deployment(
     if d.rpm == Some(0) {
         errs.push(ConfigError::new(format!("{path}.rpm"), "must be positive"));
     }
+    let budget = d
+        .budget
+        .as_ref()
+        .and_then(|b| super::keys::validate_budget(b, &format!("{path}.budget"), errs));
     let provider = provider?;
     Some(DeploymentConfig {
         provider,
@@ -187,5 +191,6 @@ fn validate_deployment(
         }),
         weight: d.weight,
         rpm: d.rpm,
+        budget,
     })
 }

@@ -100,6 +100,7 @@ fn validate_provider(
         connect_timeout,
         ttfb_timeout,
         enabled: s.enabled,
+        budget: None,
     })
 }
 

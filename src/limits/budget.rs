@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::config::{BudgetConfig, BudgetPeriod};
+use crate::config::{BudgetConfig, BudgetPeriod, Price};
 
 const DAY: u64 = 86_400;
 /// The `Retry-After` of a `total` budget, which never resets (DESIGN §8).
@@ -66,6 +66,17 @@ pub fn seconds_to_reset(period: BudgetPeriod, now_s: u64) -> u64 {
         Some(end) => end.saturating_sub(now_s).max(1),
         None => TOTAL_RETRY_AFTER,
     }
+}
+
+/// The cost of an answer in micro-USD: a price per million tokens is a price in micro-USD per
+/// token.
+pub fn cost_micro_usd(price: &Price, prompt_tokens: u64, completion_tokens: u64) -> u64 {
+    #[allow(clippy::cast_precision_loss)]
+    let usd_micro = prompt_tokens as f64 * price.input_per_mtok
+        + completion_tokens as f64 * price.output_per_mtok;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let out = usd_micro.round().max(0.0) as u64;
+    out
 }
 
 /// The spend of one budget in its current period.

@@ -1,0 +1,7 @@
+//! The counters that limit use, lock-free and clock-free (every call takes the time): sliding
+//! one-minute windows of requests or tokens ([`window`]) and spend over a calendar period
+//! ([`budget`]). Client keys, deployments, providers and the whole gateway keep them; what a
+//! limit is and who is refused is decided by their owners.
+
+pub mod budget;
+pub mod window;

@@ -107,6 +107,9 @@ pub struct MockConfig {
     /// endpoints still require a non-empty `x-api-key`, as Anthropic does. A refused call counts
     /// and is recorded (as `Status { code: 401, .. }`) but does not consume the script.
     pub api_key: Option<String>,
+    /// Header fields added to every response (a provider's `x-ratelimit-*`, say). Names and
+    /// values holding CR or LF are left out.
+    pub response_headers: Vec<(String, String)>,
 }
 
 impl Default for MockConfig {
@@ -120,6 +123,7 @@ impl Default for MockConfig {
             tls: None,
             echo_model: None,
             api_key: None,
+            response_headers: Vec::new(),
         }
     }
 }
@@ -582,7 +586,8 @@ impl MockHandle {
 /// State shared by the accept loop, all connections and all handles of one mock provider.
 struct Shared {
     name: String,
-    /// `name` made safe for a header value.
+    /// `name` made safe for a header value, followed by the configured response header fields
+    /// (each `\r\nname: value`): written as the value of `x-mock-name`, it ends the line.
     header_name: Vec<u8>,
     reply: wire::Reply,
     shape: StreamShape,
@@ -610,11 +615,20 @@ struct Shared {
 
 impl Shared {
     fn new(config: MockConfig) -> Shared {
-        let header_name = config
+        let mut header_name: Vec<u8> = config
             .name
             .bytes()
             .filter(|b| *b == b'\t' || (*b >= 0x20 && *b != 0x7f))
             .collect();
+        for (k, v) in &config.response_headers {
+            let clean = |s: &str| !s.bytes().any(|b| b == b'\r' || b == b'\n');
+            if clean(k) && clean(v) && !k.is_empty() {
+                header_name.extend_from_slice(b"\r\n");
+                header_name.extend_from_slice(k.as_bytes());
+                header_name.extend_from_slice(b": ");
+                header_name.extend_from_slice(v.as_bytes());
+            }
+        }
         Shared {
             header_name,
             reply: wire::Reply::new(&config.reply),

@@ -45,6 +45,11 @@ struct Args {
     #[arg(long, value_name = "JSON", value_parser = parse_behaviour)]
     behaviour: Option<Behaviour>,
 
+    /// A header field added to every response, `NAME: VALUE` (repeatable), e.g. a provider's
+    /// `x-ratelimit-remaining-requests: 0`.
+    #[arg(long = "header", value_name = "NAME: VALUE")]
+    header: Vec<String>,
+
     /// Do not record requests (for load tests).
     #[arg(long)]
     no_record: bool,
@@ -137,6 +142,12 @@ async fn run(args: Args) -> std::io::Result<()> {
             .echo_model
             .map(|n| serde_json::to_string(&n).map_or(n, |s| s[1..s.len() - 1].to_string())),
         api_key: args.api_key,
+        response_headers: args
+            .header
+            .iter()
+            .filter_map(|h| h.split_once(':'))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect(),
     };
     // Install the signal handlers before announcing anything: a script may signal as soon as it
     // reads the first "listening" line.

@@ -311,6 +311,12 @@ impl CredentialHealth {
         Transition::Ejected { until_ms: until }
     }
 
+    /// The provider said (its rate-limit headers) that a window of this key is exhausted until
+    /// `until_ms`: rest it until then, without counting a failure or an ejection.
+    pub fn on_exhausted(&self, until_ms: u64) {
+        self.cooling_until.fetch_max(until_ms, Ordering::AcqRel);
+    }
+
     /// A success with this key clears its escalation.
     pub fn on_success(&self) {
         self.ejections.store(0, Ordering::Relaxed);

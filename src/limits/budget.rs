@@ -26,7 +26,7 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 }
 
 /// The inverse: (year, month, day) to days since 1970-01-01.
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+pub(crate) fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);
     let yoe = y.rem_euclid(400);

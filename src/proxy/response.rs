@@ -14,6 +14,7 @@ use super::ctx::RequestCtx;
 use super::{planning, respond};
 use crate::adapters::caller::CallerRequest;
 use crate::adapters::relay::{is_context_length_error, stream_error_event, Relay, Reply};
+use crate::limits::provider::exhausted_for;
 use crate::retry::{self, Advance, Outcome, StatusVerdict};
 
 /// Response headers of the provider that describe its account, not the answer.
@@ -38,6 +39,7 @@ pub fn on_upstream_header(
     if let Some(a) = ctx.current.as_mut() {
         a.header_at = Some(Instant::now());
     }
+    rest_exhausted_credential(ctx, upstream_response);
     match retry::classify_status(status) {
         StatusVerdict::Success => {
             choose_relay(ctx, upstream_response);
@@ -77,6 +79,24 @@ pub fn on_upstream_header(
             )
             .into_up())
         }
+    }
+}
+
+/// A provider that says (in its rate-limit headers) that this credential has used up a window
+/// gets the credential rested until the window resets: later requests take another credential
+/// or candidate instead of earning the provider's 429.
+fn rest_exhausted_credential(ctx: &RequestCtx, upstream_response: &ResponseHeader) {
+    let (Some(router), Some(tables), Some(attempt)) = (&ctx.router, &ctx.tables, &ctx.current)
+    else {
+        return;
+    };
+    let Some(wait) = exhausted_for(&upstream_response.headers, router.health.clock.wall()) else {
+        return;
+    };
+    let credential = attempt.target.credential;
+    if let Some(c) = tables.health.credential(attempt.provider, credential) {
+        let millis = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        c.on_exhausted(router.health.now_ms().saturating_add(millis));
     }
 }
 

@@ -1,6 +1,7 @@
-//! Budgets of deployments, providers and the whole gateway over sockets: a candidate over its
+//! Limits of deployments, providers and the whole gateway over sockets: a candidate over its
 //! budget is skipped without a call (`over_budget`) and the next one serves; when every
-//! candidate is over, `429 budget_exceeded` with `Retry-After` at the period's end.
+//! candidate is over, `429 budget_exceeded` with `Retry-After` at the period's end; a provider
+//! whose rate-limit headers say a key's window is exhausted is routed around before its 429.
 //!
 //! Prices here are $1 a token, so one answer of the mock (its prompt is the body's bytes / 4,
 //! about 20 tokens, plus 3 completion tokens) spends a $20 budget, while the estimate before the
@@ -121,5 +122,36 @@ async fn spend_survives_a_reload() {
         header(&post_chat(&gw, &body()).await, "x-llm-provider"),
         "b",
         "the reloaded deployment still remembers its spend"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_provider_saying_a_key_is_exhausted_is_routed_around_before_its_429() {
+    let a = mock_with("a", |c| {
+        c.response_headers = vec![
+            ("x-ratelimit-remaining-requests".into(), "0".into()),
+            ("x-ratelimit-reset-requests".into(), "30s".into()),
+        ];
+    })
+    .await;
+    let b = mock("b").await;
+    let gw = Gateway::start(two(&a, &b, "", ""));
+    // a answers, and says this key has no requests left for 30 s.
+    assert_eq!(
+        header(&post_chat(&gw, &body()).await, "x-llm-provider"),
+        "a"
+    );
+    for _ in 0..3 {
+        let r = post_chat(&gw, &body()).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-llm-provider"), "b", "a's key is resting");
+    }
+    assert_eq!(a.calls(), 1, "no call that would have earned a 429");
+    let line = r#"signalbox_skipped_candidates_total{reason="credential_cooling"} 3"#;
+    let m = gw.metrics_with(&[line]).await;
+    assert!(m.contains(line), "{m}");
+    assert!(
+        !m.contains(r#"outcome="rate_limited""#),
+        "not counted as a failure: {m}"
     );
 }

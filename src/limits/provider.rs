@@ -1,0 +1,215 @@
+//! What a provider's own rate-limit headers say: whether the credential has exhausted a window
+//! and when it resets, so signalbox routes away before the provider's 429.
+//!
+//! - OpenAI (and Groq, Together, vLLM behind gateways…): `x-ratelimit-remaining-requests` /
+//!   `-tokens` with `x-ratelimit-reset-requests` / `-tokens` as a Go duration (`1s`, `6m0s`,
+//!   `20ms`, `1h2m3.5s`).
+//! - Anthropic: `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-remaining`
+//!   with `-reset` as an RFC 3339 time.
+//!
+//! Only an exhausted window (remaining `0`) is acted on; a missing or unreadable reset is no
+//! signal (the provider's 429 and `Retry-After` still cover it).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::HeaderMap;
+
+use super::budget::days_from_civil;
+
+/// The longest pause a header may impose (a misread reset must not bench a key for a day).
+const MAX_PAUSE: Duration = Duration::from_secs(3_600);
+
+const OPENAI: [(&str, &str); 2] = [
+    (
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests",
+    ),
+    ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"),
+];
+const ANTHROPIC: [(&str, &str); 4] = [
+    (
+        "anthropic-ratelimit-requests-remaining",
+        "anthropic-ratelimit-requests-reset",
+    ),
+    (
+        "anthropic-ratelimit-tokens-remaining",
+        "anthropic-ratelimit-tokens-reset",
+    ),
+    (
+        "anthropic-ratelimit-input-tokens-remaining",
+        "anthropic-ratelimit-input-tokens-reset",
+    ),
+    (
+        "anthropic-ratelimit-output-tokens-remaining",
+        "anthropic-ratelimit-output-tokens-reset",
+    ),
+];
+
+/// How long the credential must rest: the latest reset among its exhausted windows.
+pub fn exhausted_for(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let exhausted = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim() == "0")
+    };
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let openai = OPENAI
+        .iter()
+        .filter(|(remaining, _)| exhausted(remaining))
+        .filter_map(|(_, reset)| text(reset).and_then(parse_go_duration));
+    let anthropic = ANTHROPIC
+        .iter()
+        .filter(|(remaining, _)| exhausted(remaining))
+        .filter_map(|(_, reset)| {
+            let at = text(reset).and_then(parse_rfc3339)?;
+            Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+        });
+    openai
+        .chain(anthropic)
+        .max()
+        .filter(|d| !d.is_zero())
+        .map(|d| d.min(MAX_PAUSE))
+}
+
+/// A Go duration as OpenAI writes resets: `1s`, `6m0s`, `20ms`, `1h2m3.5s`.
+fn parse_go_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    if s.is_empty() {
+        return None;
+    }
+    let mut total = 0.0_f64;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let value: f64 = rest[..num_end].parse().ok()?;
+        rest = &rest[num_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let unit = match &rest[..unit_end] {
+            "h" => 3_600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        };
+        total += value * unit;
+        rest = &rest[unit_end..];
+    }
+    (total.is_finite() && total >= 0.0).then(|| Duration::from_secs_f64(total))
+}
+
+/// An RFC 3339 time (`2026-12-01T06:10:00Z`, fractions and `±hh:mm` offsets accepted).
+fn parse_rfc3339(s: &str) -> Option<SystemTime> {
+    let s = s.trim();
+    let b = s.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<u32>().ok();
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    let mut rest = &s[19..];
+    let mut frac = 0.0;
+    if let Some(r) = rest.strip_prefix('.') {
+        let end = r.find(|c: char| !c.is_ascii_digit()).unwrap_or(r.len());
+        frac = format!("0.{}", &r[..end]).parse().ok()?;
+        rest = &r[end..];
+    }
+    let offset: i64 = match rest {
+        "Z" | "z" => 0,
+        o if o.len() == 6 && (o.starts_with('+') || o.starts_with('-')) => {
+            let oh: i64 = o.get(1..3)?.parse().ok()?;
+            let om: i64 = o.get(4..6)?.parse().ok()?;
+            let v = oh * 3_600 + om * 60;
+            if o.starts_with('-') {
+                -v
+            } else {
+                v
+            }
+        }
+        _ => return None,
+    };
+    let days = days_from_civil(i64::from(y), mo, d);
+    let secs = days * 86_400 + i64::from(h) * 3_600 + i64::from(mi) * 60 + i64::from(sec) - offset;
+    let secs = u64::try_from(secs).ok()?;
+    Some(UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_secs_f64(frac))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().expect("value"));
+        }
+        h
+    }
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_go_duration("1s"), Some(Duration::from_secs(1)));
+        assert_eq!(parse_go_duration("6m0s"), Some(Duration::from_secs(360)));
+        assert_eq!(parse_go_duration("20ms"), Some(Duration::from_millis(20)));
+        assert_eq!(
+            parse_go_duration("1h2m3.5s"),
+            Some(Duration::from_secs_f64(3_723.5))
+        );
+        assert_eq!(parse_go_duration("soon"), None);
+        assert_eq!(parse_go_duration(""), None);
+    }
+
+    #[test]
+    fn only_an_exhausted_window_rests_the_key_until_its_reset() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_796_126_400); // 2026-12-01T12:00:00Z
+        let openai = headers(&[
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "6m0s"),
+            ("x-ratelimit-remaining-tokens", "1200"),
+            ("x-ratelimit-reset-tokens", "59m"),
+        ]);
+        assert_eq!(exhausted_for(&openai, now), Some(Duration::from_secs(360)));
+        let fine = headers(&[
+            ("x-ratelimit-remaining-requests", "5"),
+            ("x-ratelimit-reset-requests", "6m0s"),
+        ]);
+        assert_eq!(exhausted_for(&fine, now), None);
+        let anthropic = headers(&[
+            ("anthropic-ratelimit-tokens-remaining", "0"),
+            ("anthropic-ratelimit-tokens-reset", "2026-12-01T12:00:30Z"),
+            ("anthropic-ratelimit-requests-remaining", "0"),
+            (
+                "anthropic-ratelimit-requests-reset",
+                "2026-12-01T13:00:05+01:00",
+            ),
+        ]);
+        assert_eq!(
+            exhausted_for(&anthropic, now),
+            Some(Duration::from_secs(30))
+        );
+        let far = headers(&[
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "30h"),
+        ]);
+        assert_eq!(exhausted_for(&far, now), Some(MAX_PAUSE), "capped");
+        let past = headers(&[
+            ("anthropic-ratelimit-requests-remaining", "0"),
+            ("anthropic-ratelimit-requests-reset", "2026-12-01T11:00:00Z"),
+        ]);
+        assert_eq!(
+            exhausted_for(&past, now),
+            None,
+            "a reset in the past is no signal"
+        );
+    }
+}

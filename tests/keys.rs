@@ -343,3 +343,31 @@ async fn keys_made_at_runtime_work_at_once_survive_a_restart_and_can_be_revoked(
         200
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_key_of_a_user_spends_from_the_users_budget() {
+    let m = mock("p").await;
+    // gpt-4o-mini costs $1 a token: one answer spends alice's $5.
+    let keys = format!(
+        "  - {{ id: alpha, key_sha256: \"{}\", user: alice }}\n  - {{ id: beta, key_sha256: \"{}\", user: alice }}\n",
+        sha(KEY_A),
+        sha(KEY_B)
+    );
+    let conf = config(&m, &keys) + "budgets:\n  users: { alice: { usd: 5, period: week } }\n";
+    let gw = Gateway::start(conf);
+    assert_eq!(
+        post(&gw, Some(KEY_A), &chat("gpt-4o-mini")).await.status(),
+        200
+    );
+    let r = post(&gw, Some(KEY_B), &chat("gpt-4o-mini")).await;
+    assert!(header(&r, "retry-after")
+        .parse::<u64>()
+        .is_ok_and(|s| (1..=7 * 86_400).contains(&s)));
+    let (status, code, _) = error_code(r).await;
+    assert_eq!(
+        (status, code.as_str()),
+        (429, "budget_exceeded"),
+        "beta is alice's too"
+    );
+    assert_eq!(m.calls(), 1);
+}

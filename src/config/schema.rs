@@ -69,6 +69,9 @@ pub struct BudgetsSection {
     pub global: Option<BudgetSection>,
     #[serde(default)]
     pub providers: BTreeMap<String, BudgetSection>,
+    /// Per `user` of the client keys: every key of that user spends from it.
+    #[serde(default)]
+    pub users: BTreeMap<String, BudgetSection>,
 }
 
 /// One client key (`keys[]`).

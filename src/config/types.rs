@@ -42,6 +42,8 @@ pub struct Config {
     pub keys: Option<Vec<ClientKeyConfig>>,
     /// `budgets.global`: what the whole gateway may spend per period.
     pub global_budget: Option<BudgetConfig>,
+    /// `budgets.users`: what each user (of the client keys) may spend per period.
+    pub user_budgets: Vec<(String, BudgetConfig)>,
 }
 
 /// How a client key is known: its sha256, or an environment variable holding the key.

@@ -46,6 +46,8 @@ pub struct ClientKey {
     pub tpm: Option<u64>,
     pub budget: Option<BudgetConfig>,
     pub state: Arc<KeyState>,
+    /// Its user's budget (`budgets.users.<user>`), shared by every key of that user.
+    pub user_budget: Option<(BudgetConfig, Arc<Spend>)>,
 }
 
 /// Why a key may not send a request now.
@@ -104,6 +106,11 @@ impl ClientKey {
                 .check(budget, now_s)
                 .map_err(Refusal::BudgetExceeded)?;
         }
+        if let Some((budget, spend)) = &self.user_budget {
+            spend
+                .check(budget, now_s)
+                .map_err(Refusal::BudgetExceeded)?;
+        }
         if let Some(rpm) = self.rpm {
             s.requests
                 .check(now_s, u64::from(rpm), 1)
@@ -132,8 +139,13 @@ impl ClientKey {
                 s.tokens.add(now_s, used - reservation.tokens);
             }
         }
-        if let (Some(budget), true) = (&self.budget, micro_usd > 0) {
-            s.spend.add(budget.period, now_s, micro_usd);
+        if micro_usd > 0 {
+            if let Some(budget) = &self.budget {
+                s.spend.add(budget.period, now_s, micro_usd);
+            }
+            if let Some((budget, spend)) = &self.user_budget {
+                spend.add(budget.period, now_s, micro_usd);
+            }
         }
     }
 
@@ -200,6 +212,8 @@ pub fn presented(headers: &HeaderMap) -> Option<&[u8]> {
 pub struct KeyTable {
     keys: Vec<ClientKey>,
     by_digest: HashMap<[u8; 32], usize>,
+    /// What each user with a budget spent (carried across rebuilds by user).
+    user_spend: HashMap<String, Arc<Spend>>,
 }
 
 impl KeyTable {
@@ -207,11 +221,19 @@ impl KeyTable {
     /// `key_env` variable. Warnings name keys that cannot be used (an unset variable).
     pub fn build(
         configs: &[ClientKeyConfig],
+        user_budgets: &[(String, BudgetConfig)],
         previous: Option<&KeyTable>,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> (Self, Vec<String>) {
         let mut warnings = Vec::new();
         let mut table = KeyTable::default();
+        for (user, _) in user_budgets {
+            let spend = previous
+                .and_then(|p| p.user_spend.get(user))
+                .cloned()
+                .unwrap_or_default();
+            table.user_spend.insert(user.clone(), spend);
+        }
         for c in configs {
             let digest = match &c.source {
                 ClientKeySource::Sha256(d) => *d,
@@ -249,6 +271,10 @@ impl KeyTable {
                 tpm: c.tpm,
                 budget: c.budget,
                 state,
+                user_budget: c.user.as_ref().and_then(|u| {
+                    let (_, b) = user_budgets.iter().find(|(name, _)| name == u)?;
+                    Some((*b, table.user_spend.get(u)?.clone()))
+                }),
             });
         }
         (table, warnings)
@@ -315,14 +341,14 @@ mod tests {
     #[test]
     fn a_key_is_found_by_its_digest_and_its_state_survives_a_rebuild() {
         let env = |_: &str| None;
-        let (t, w) = KeyTable::build(&[config("team", "sk-team")], None, &env);
+        let (t, w) = KeyTable::build(&[config("team", "sk-team")], &[], None, &env);
         assert!(w.is_empty());
         let (i, k) = t.authenticate(b"sk-team").expect("found");
         assert_eq!((i, &*k.id), (0, "team"));
         assert!(t.authenticate(b"sk-other").is_none());
         assert!(k.allows("GPT-4o-mini") && k.allows("fast") && !k.allows("claude"));
         k.admit(100, 10).expect("first");
-        let (t2, _) = KeyTable::build(&[config("team", "sk-team")], Some(&t), &env);
+        let (t2, _) = KeyTable::build(&[config("team", "sk-team")], &[], Some(&t), &env);
         let k2 = t2.by_id("team").expect("kept");
         assert_eq!(k2.state.requests.used(100), 1, "a reload keeps the minute");
     }
@@ -332,7 +358,7 @@ mod tests {
         let env = |name: &str| (name == "K").then(|| "sk-env".to_string());
         let mut c = config("envkey", "");
         c.source = ClientKeySource::Env("K".into());
-        let (t, _) = KeyTable::build(&[c], None, &env);
+        let (t, _) = KeyTable::build(&[c], &[], None, &env);
         let (_, k) = t.authenticate(b"sk-env").expect("from the environment");
         let r = k.admit(1_000, 400).expect("1 of 2");
         k.settle(r, 1_001, Some(100), 300);
@@ -352,7 +378,7 @@ mod tests {
         let r = k.admit(1_070, 10).expect("a new minute");
         k.settle(r, 1_071, None, 300);
         assert!(matches!(k.admit(1_140, 1), Err(Refusal::BudgetExceeded(_))));
-        let missing = KeyTable::build(&[config("x", "a")], None, &|_| None).0;
+        let missing = KeyTable::build(&[config("x", "a")], &[], None, &|_| None).0;
         assert_eq!(missing.len(), 1);
     }
 

@@ -104,8 +104,12 @@ impl Tables {
             return (self, Vec::new());
         };
         let env = |name: &str| std::env::var(name).ok();
-        let (table, warnings) =
-            KeyTable::build(keys, previous.and_then(|p| p.keys.as_deref()), &env);
+        let (table, warnings) = KeyTable::build(
+            keys,
+            &config.user_budgets,
+            previous.and_then(|p| p.keys.as_deref()),
+            &env,
+        );
         self.keys = Some(Arc::new(table));
         (self, warnings)
     }

@@ -51,6 +51,21 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
         .global
         .as_ref()
         .and_then(|b| keys::validate_budget(b, "budgets.global", &mut errs));
+    let user_budgets = file
+        .budgets
+        .users
+        .iter()
+        .filter_map(|(user, b)| {
+            keys::validate_budget(b, &format!("budgets.users.{user}"), &mut errs)
+                .map(|b| (user.clone(), b))
+        })
+        .collect();
+    if !file.budgets.users.is_empty() && file.keys.is_none() {
+        errs.push(ConfigError::new(
+            "budgets.users",
+            "user budgets need client keys (a `keys` section with `user`s)",
+        ));
+    }
     for (id, b) in &file.budgets.providers {
         let path = format!("budgets.providers.{id}");
         let budget = keys::validate_budget(b, &path, &mut errs);
@@ -103,5 +118,6 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
         },
         keys,
         global_budget,
+        user_budgets,
     })
 }

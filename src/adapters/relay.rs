@@ -273,30 +273,10 @@ impl Relay {
             }
             Mode::Anthropic(a) => a.filter(body, eos, &mut self.signals),
             Mode::MessagesToChat(c) => {
-                let mut out = BytesMut::new();
-                if let Some(chunk) = body.take() {
-                    if let Err(e) = c.feed(&chunk, &mut out) {
-                        self.bad.get_or_insert(e);
-                    }
-                }
-                if eos {
-                    c.finish(&mut out);
-                }
-                self.signals = *c.signals();
-                *body = (!out.is_empty() || eos).then(|| out.freeze());
+                convert(&mut **c, body, eos, &mut self.signals, &mut self.bad);
             }
             Mode::ChatToMessages(c) => {
-                let mut out = BytesMut::new();
-                if let Some(chunk) = body.take() {
-                    if let Err(e) = c.feed(&chunk, &mut out) {
-                        self.bad.get_or_insert(e);
-                    }
-                }
-                if eos {
-                    c.finish(&mut out);
-                }
-                self.signals = *c.signals();
-                *body = (!out.is_empty() || eos).then(|| out.freeze());
+                convert(&mut **c, body, eos, &mut self.signals, &mut self.bad);
             }
             Mode::TranslateJson {
                 to_chat,
@@ -365,6 +345,53 @@ impl Relay {
             }
         }
     }
+}
+
+/// The two stream converters, one way to drive them.
+trait StreamConverter {
+    fn feed(&mut self, chunk: &[u8], out: &mut BytesMut) -> Result<(), BadUpstream>;
+    fn finish(&mut self, out: &mut BytesMut);
+    fn signals(&self) -> &Signals;
+}
+
+macro_rules! stream_converter {
+    ($t:ty) => {
+        impl StreamConverter for $t {
+            fn feed(&mut self, chunk: &[u8], out: &mut BytesMut) -> Result<(), BadUpstream> {
+                <$t>::feed(self, chunk, out)
+            }
+            fn finish(&mut self, out: &mut BytesMut) {
+                <$t>::finish(self, out);
+            }
+            fn signals(&self) -> &Signals {
+                <$t>::signals(self)
+            }
+        }
+    };
+}
+stream_converter!(MessagesStreamToChat);
+stream_converter!(ChatStreamToMessages);
+
+/// One chunk of a translated stream: converted as far as it completes events, the rest of the
+/// provider's stream finished at its end; the first unreadable event is remembered.
+fn convert(
+    c: &mut dyn StreamConverter,
+    body: &mut Option<Bytes>,
+    eos: bool,
+    signals: &mut Signals,
+    bad: &mut Option<BadUpstream>,
+) {
+    let mut out = BytesMut::new();
+    if let Some(chunk) = body.take() {
+        if let Err(e) = c.feed(&chunk, &mut out) {
+            bad.get_or_insert(e);
+        }
+    }
+    if eos {
+        c.finish(&mut out);
+    }
+    *signals = *c.signals();
+    *body = (!out.is_empty() || eos).then(|| out.freeze());
 }
 
 /// A stream chunk with every `data:` line whose JSON carries a top-level `error` replaced by

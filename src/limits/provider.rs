@@ -47,6 +47,14 @@ const ANTHROPIC: [(&str, &str); 4] = [
 
 /// How long the credential must rest: the latest reset among its exhausted windows.
 pub fn exhausted_for(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    // Most answers carry none of these: one pass over the names first.
+    let any = headers.keys().any(|k| {
+        let k = k.as_str();
+        k.starts_with("x-ratelimit-remaining") || k.starts_with("anthropic-ratelimit-")
+    });
+    if !any {
+        return None;
+    }
     let exhausted = |name: &str| {
         headers
             .get(name)

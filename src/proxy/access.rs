@@ -127,6 +127,10 @@ pub fn settle(ctx: &mut RequestCtx) {
     let Some(tables) = ctx.tables.clone() else {
         return;
     };
+    if !tables.has_budgets && ctx.key_reservation.is_none() {
+        // Nothing to count against.
+        return;
+    }
     let usage = ctx.served.and(ctx.relay.signals().usage);
     let deployment = ctx.served.and_then(|a| {
         let plan = ctx.plan.as_ref()?;

@@ -62,6 +62,8 @@ pub struct Tables {
     /// `budgets.global`, and what the whole gateway spent (carried like the keys' counters).
     pub global_budget: Option<BudgetConfig>,
     pub global_spend: Arc<Spend>,
+    /// Some deployment, provider or the gateway has a budget (spend is counted only then).
+    pub has_budgets: bool,
     pub metrics: BoundMetrics,
 }
 
@@ -252,6 +254,12 @@ impl Tables {
             keys: None,
             global_budget: config.global_budget,
             global_spend: Arc::default(),
+            has_budgets: config.global_budget.is_some()
+                || config.providers.iter().any(|p| p.budget.is_some())
+                || config
+                    .models
+                    .iter()
+                    .any(|m| m.deployments.iter().any(|d| d.budget.is_some())),
             metrics: bound,
         }
     }

@@ -155,3 +155,40 @@ async fn a_provider_saying_a_key_is_exhausted_is_routed_around_before_its_429() 
         "not counted as a failure: {m}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deployment_whose_token_minute_is_full_spills_to_the_next() {
+    let a = mock("a").await;
+    let b = mock("b").await;
+    // Each answer reports 23 tokens (the mock's prompt is the body's bytes / 4, about 20, plus
+    // 3); each request is estimated at 11 (the prompt estimate and `max_tokens: 1`): after two
+    // answers a's 50-token minute holds 46, and the third would pass it.
+    let gw = Gateway::start(two(&a, &b, ", tpm: 50", ""));
+    for _ in 0..2 {
+        assert_eq!(
+            header(&post_chat(&gw, &body()).await, "x-llm-provider"),
+            "a"
+        );
+    }
+    let r = post_chat(&gw, &body()).await;
+    assert_eq!(header(&r, "x-llm-provider"), "b", "a's minute is full");
+    assert_eq!(a.calls(), 2);
+    let line = r#"signalbox_skipped_candidates_total{reason="tpm_full"} 1"#;
+    let m = gw.metrics_with(&[line]).await;
+    assert!(m.contains(line), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn when_every_token_minute_is_full_the_caller_is_told_when_it_frees() {
+    let a = mock("a").await;
+    let conf = format!(
+        "providers:\n{}models:\n  m:\n    deployments: [{{ provider: a, model: up-a, tpm: 30 }}]\n",
+        provider("a", &a)
+    );
+    let gw = Gateway::start(conf);
+    assert_eq!(post_chat(&gw, &body()).await.status(), 200);
+    let (status, code, retry) = code_of(post_chat(&gw, &body()).await).await;
+    assert_eq!((status, code.as_str()), (429, "rate_limited"));
+    assert!(retry.is_some_and(|s| (1..=60).contains(&s)), "{retry:?}");
+    assert_eq!(a.calls(), 1);
+}

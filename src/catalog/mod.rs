@@ -33,6 +33,7 @@ use crate::config::{
     BaseUrl, BudgetConfig, Capabilities, Config, KeySource, Price, ProviderKind, Scheme, Strategy,
 };
 use crate::limits::budget::Spend;
+use crate::limits::window::Window;
 use crate::secret::Secret;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -221,6 +222,10 @@ pub struct Deployment {
     /// Share under the `weighted` strategy; `None` = only in the failure order.
     pub weight: Option<f64>,
     pub rpm: Option<u32>,
+    /// Tokens per minute it may take, and the tokens it took (reported usage; shared with the
+    /// catalog it was rebuilt from, by identity).
+    pub tpm: Option<u64>,
+    pub tokens: Arc<Window>,
     /// What the deployment may spend per period, and what it spent (shared with the catalog it
     /// was rebuilt from, by identity).
     pub budget: Option<BudgetConfig>,
@@ -386,6 +391,8 @@ impl Catalog {
                     price: d.price,
                     weight: d.weight,
                     rpm: d.rpm,
+                    tpm: d.tpm,
+                    tokens: Arc::default(),
                     budget: d.budget,
                     spend: Arc::default(),
                     key_hash: identity_hash(&[&m.name, &provider.id, &d.upstream_model]),
@@ -426,6 +433,7 @@ impl Catalog {
         for d in &mut self.deployments {
             if let Some(o) = old.deployments.iter().find(|o| o.key_hash == d.key_hash) {
                 d.spend = o.spend.clone();
+                d.tokens = o.tokens.clone();
             }
         }
         for p in &mut self.providers {
@@ -457,6 +465,8 @@ impl Deployment {
             price: None,
             weight: None,
             rpm: None,
+            tpm: None,
+            tokens: Arc::default(),
             budget: None,
             spend: Arc::default(),
             key_hash: identity_hash(&[&provider.id, upstream_model]),

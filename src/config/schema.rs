@@ -246,6 +246,10 @@ pub struct DeploymentSection {
     /// Requests per minute this deployment may take; drives the headroom factor.
     #[serde(default)]
     pub rpm: Option<u32>,
+    /// Tokens per minute this deployment may take (reported usage, a sliding window); full,
+    /// it is skipped (`tpm_full`).
+    #[serde(default)]
+    pub tpm: Option<u64>,
     /// What this deployment may spend per period; over it, it is skipped (`over_budget`).
     #[serde(default)]
     pub budget: Option<BudgetSection>,

@@ -323,6 +323,7 @@ pub struct DeploymentConfig {
     /// Normalised by the `weighted` strategy; `None` = only in the failure order.
     pub weight: Option<f64>,
     pub rpm: Option<u32>,
+    pub tpm: Option<u64>,
     pub budget: Option<BudgetConfig>,
 }
 

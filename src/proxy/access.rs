@@ -127,15 +127,21 @@ pub fn settle(ctx: &mut RequestCtx) {
     let Some(tables) = ctx.tables.clone() else {
         return;
     };
-    if !tables.has_budgets && ctx.key_reservation.is_none() {
-        // Nothing to count against.
-        return;
-    }
     let usage = ctx.served.and(ctx.relay.signals().usage);
     let deployment = ctx.served.and_then(|a| {
         let plan = ctx.plan.as_ref()?;
         plan.deployment(&tables.catalog, a.target.position)
     });
+    if let (Some(d), Some(u)) = (deployment, usage) {
+        if d.tpm.is_some() {
+            d.tokens
+                .add(now_s(ctx), u.prompt_tokens + u.completion_tokens);
+        }
+    }
+    if !tables.has_budgets && ctx.key_reservation.is_none() {
+        // Nothing to count against.
+        return;
+    }
     let cost = match (usage, deployment.and_then(|d| d.price)) {
         (Some(u), Some(p)) => cost_micro_usd(&p, u.prompt_tokens, u.completion_tokens),
         _ => 0,

@@ -70,6 +70,8 @@ pub enum SkipReason {
     ContextWindow,
     /// Its `rpm` window is full (requests in the last minute).
     RpmFull,
+    /// Its `tpm` window cannot take this request's estimated tokens.
+    TpmFull,
     /// Its breaker is open.
     Ejected,
     /// Half-open, with its one probe already in flight.
@@ -84,7 +86,7 @@ pub enum SkipReason {
 }
 
 impl SkipReason {
-    pub const ALL: [SkipReason; 16] = [
+    pub const ALL: [SkipReason; 17] = [
         SkipReason::ProviderDisabled,
         SkipReason::NoCredential,
         SkipReason::Unresolved,
@@ -96,6 +98,7 @@ impl SkipReason {
         SkipReason::NeedsJsonMode,
         SkipReason::ContextWindow,
         SkipReason::RpmFull,
+        SkipReason::TpmFull,
         SkipReason::Ejected,
         SkipReason::ProbeBusy,
         SkipReason::Benched,
@@ -117,6 +120,7 @@ impl SkipReason {
             SkipReason::NeedsJsonMode => "capability:json_mode",
             SkipReason::ContextWindow => "context_window",
             SkipReason::RpmFull => "rpm_full",
+            SkipReason::TpmFull => "tpm_full",
             SkipReason::Ejected => "ejected",
             SkipReason::ProbeBusy => "half_open_busy",
             SkipReason::Benched => "benched",
@@ -362,7 +366,8 @@ impl Plan {
     /// Why nothing could be called, for a plan that produced no target.
     pub fn no_call(&self) -> NoCall {
         let total: u32 = self.skipped.iter().map(|n| u32::from(*n)).sum();
-        let rpm = u32::from(self.skipped(SkipReason::RpmFull));
+        let rpm = u32::from(self.skipped(SkipReason::RpmFull))
+            + u32::from(self.skipped(SkipReason::TpmFull));
         let budget = u32::from(self.skipped(SkipReason::OverBudget));
         if self.skipped(SkipReason::NoCredential) > 0
             && self.skipped(SkipReason::ProviderDisabled) == 0
@@ -561,7 +566,21 @@ impl Plan {
                 return Err(SkipReason::RpmFull);
             }
         }
+        if let Some(frees_s) = self.tokens_full(env, pos) {
+            let frees = env.now_ms.saturating_add(frees_s.saturating_mul(1_000));
+            self.rpm_frees_ms = Some(self.rpm_frees_ms.map_or(frees, |s| s.min(frees)));
+            return Err(SkipReason::TpmFull);
+        }
         self.within_budgets(env, pos)
+    }
+
+    /// When the deployment's `tpm` window cannot take this request's estimated tokens: the
+    /// seconds until it can.
+    fn tokens_full(&self, env: &PlanEnv<'_>, pos: usize) -> Option<u64> {
+        let d = self.deployment(env.catalog, pos)?;
+        let tpm = d.tpm?;
+        let estimate = self.facts.input_tokens + self.facts.output_tokens;
+        d.tokens.check(env.wall_s, tpm, estimate.min(tpm)).err()
     }
 
     /// The deployment's and its provider's budgets, against what they spent in the period and

@@ -174,6 +174,9 @@ fn validate_deployment(
     if d.rpm == Some(0) {
         errs.push(ConfigError::new(format!("{path}.rpm"), "must be positive"));
     }
+    if d.tpm == Some(0) {
+        errs.push(ConfigError::new(format!("{path}.tpm"), "must be positive"));
+    }
     let budget = d
         .budget
         .as_ref()
@@ -191,6 +194,7 @@ fn validate_deployment(
         }),
         weight: d.weight,
         rpm: d.rpm,
+        tpm: d.tpm,
         budget,
     })
 }

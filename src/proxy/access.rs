@@ -3,8 +3,6 @@
 //! minute and its budget have room (429 with `Retry-After`) — and, when the request ends, what
 //! it actually used and spent. With no `keys` section every caller is let through.
 
-use std::time::UNIX_EPOCH;
-
 use http::HeaderMap;
 
 use super::ctx::RequestCtx;
@@ -16,11 +14,7 @@ use crate::routing::Tables;
 
 /// The wall clock in whole seconds, from the router's (injectable) clock.
 fn now_s(ctx: &RequestCtx) -> u64 {
-    ctx.router
-        .as_ref()
-        .map(|r| r.health.clock.wall())
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_secs())
+    ctx.router.as_ref().map_or(0, |r| r.health.wall_s())
 }
 
 /// The caller's key, when keys are configured.

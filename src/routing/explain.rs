@@ -70,12 +70,7 @@ pub fn explain<'a>(
     // A fixed seed per body: the same request explains the same way twice.
     let seed = stable_hash(request.prompt());
     let mut steering = headers.steer(surface, &request, seed);
-    let now_s = router
-        .health
-        .clock
-        .wall()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let now_s = router.health.wall_s();
     steering.key = key.map(|k| decide::KeyFacts {
         id: &k.id,
         user: k.user.as_deref(),

@@ -4,6 +4,9 @@
 #
 #   load-tests/instructions.sh [BIN_DIR]    # default target/release (signalbox, signalbox-mock,
 #                                           # examples/plain_pingora)
+#   SB_EXTRA_CONFIG='ledger: { sqlite: "@TMP@/ledger.db" }' load-tests/instructions.sh
+#                                           # more config for signalbox (@TMP@: the run's temp
+#                                           # dir); SB_SKIP_PINGORA=1: signalbox only
 #
 # For each of signalbox and plain Pingora: one worker thread, signalbox-mock as the upstream
 # (no recording), 300 warm-up requests, counters zeroed, then exactly 2,000 keep-alive
@@ -57,12 +60,14 @@ providers:
 models:
   lt-model: { deployments: [{ provider: p, model: lt-upstream-model }] }
 aliases: { lt: lt-model }
+${SB_EXTRA_CONFIG//@TMP@/$W}
 EOC
 LT_KEY=sk-upstream RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$W/signalbox.%p" \
   "$BIN/signalbox" -c "$W/signalbox.yaml" > "$W/signalbox.log" 2>&1 &
 pids+=($!)
 measure signalbox "$PROXY"
 
+[ -n "${SB_SKIP_PINGORA:-}" ] && exit 0
 PLAIN=$(port)
 valgrind --tool=callgrind --callgrind-out-file="$W/pingora.%p" \
   "$BIN/examples/plain_pingora" "127.0.0.1:$PLAIN" "127.0.0.1:$MOCK" 1 > "$W/pingora.log" 2>&1 &

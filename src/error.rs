@@ -19,6 +19,10 @@ pub enum StartupError {
     Catalog(#[from] crate::catalog::CatalogError),
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    #[error("ledger: {0}")]
+    Ledger(#[from] crate::ledger::LedgerError),
+    #[error("{0}")]
+    State(String),
 }
 
 /// The stable error codes of the caller contract.

@@ -51,6 +51,7 @@ pub mod dns;
 pub mod error;
 pub mod health;
 pub mod keys;
+pub mod ledger;
 pub mod lifecycle;
 pub mod limits;
 pub mod metrics;
@@ -62,6 +63,7 @@ pub mod routing;
 pub mod secret;
 pub mod server;
 pub mod server_tls;
+pub mod state;
 pub mod telemetry;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;

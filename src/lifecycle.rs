@@ -26,8 +26,10 @@ use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 use tokio::signal::unix::{signal, SignalKind};
 
+use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 use crate::reload::Reloader;
+use crate::state::StateSync;
 
 /// How this process was started: what a `SIGUSR2` upgrade starts again.
 #[derive(Debug, Clone)]
@@ -177,6 +179,10 @@ impl BackgroundService for UpgradeOnUser2 {
 /// period does.
 pub struct DrainThenExit {
     pub metrics: Arc<Metrics>,
+    /// Written out before the process leaves (every row of the drained requests).
+    pub ledger: Option<Arc<Ledger>>,
+    /// Pushed once more before the process leaves, so the other replicas keep its counts.
+    pub state: Option<Arc<StateSync>>,
 }
 
 impl DrainThenExit {
@@ -184,6 +190,8 @@ impl DrainThenExit {
     /// before the listeners closed whose request has not been read yet.
     pub const QUIET: Duration = Duration::from_secs(1);
     const TICK: Duration = Duration::from_millis(50);
+    /// How long the ledger may take to write its queue on the way out.
+    const FLUSH: Duration = Duration::from_secs(10);
 }
 
 #[async_trait::async_trait]
@@ -207,6 +215,13 @@ impl BackgroundService for DrainThenExit {
             }
             quiet += Self::TICK;
             if quiet >= Self::QUIET {
+                if let Some(state) = &self.state {
+                    let _ = state.sync_once().await;
+                }
+                if let Some(ledger) = self.ledger.clone() {
+                    // The writer commits what the drained requests queued, then stops.
+                    let _ = tokio::task::spawn_blocking(move || ledger.close(Self::FLUSH)).await;
+                }
                 tracing::info!("drained: exiting");
                 std::process::exit(0);
             }

@@ -145,7 +145,14 @@ fn main() -> ExitCode {
         daemon: cli.daemon,
         upgrade: cli.upgrade,
     };
-    let server = signalbox::server::build_server(config, state, reloader.clone(), launch);
+    let accounts = match signalbox::server::open_accounts(config, &state, launch.conf.parent()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("signalbox: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let server = signalbox::server::build_server(config, state, reloader.clone(), launch, accounts);
     server.run_forever()
 }
 

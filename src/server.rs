@@ -12,19 +12,25 @@ use pingora_core::services::listening::Service;
 
 use crate::admin::AdminApp;
 use crate::catalog::{read_key_from_env_or_file, resolve_blocking, Catalog, CatalogWarning};
-use crate::config::Config;
+use crate::config::{BudgetPeriod, Config, LedgerStore};
 use crate::dns::{DnsRefresher, REFRESH_INTERVAL};
 use crate::error::StartupError;
 use crate::health::clock::{Clock, SystemClock};
 use crate::health::probe::{HealthSource, ProbeService, Prober};
 use crate::health::{HealthRegistry, HealthShared};
+use crate::ledger::{Ledger, LedgerOptions, LedgerTarget};
 use crate::lifecycle::{DrainThenExit, Launch, ReloadOnHangup, UpgradeOnUser2};
+use crate::limits::budget::period_start_day;
 use crate::metrics::health::HealthCollector;
+use crate::metrics::ledger::LedgerCollector;
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
 use crate::reload::Reloader;
 use crate::routing::rank::RankerService;
 use crate::routing::{Router, Tables};
+use crate::state::redis::RedisBackend;
+use crate::state::{MemoryBackend, StateBackend, StateMetrics, StateService, StateSync};
+
 use crate::server_tls::CertStore;
 
 /// State shared by every request and every background service: routing (snapshot, rankings,
@@ -100,6 +106,168 @@ pub fn build_state_with_clock(
         state.metrics.probes.clone(),
     )?))?;
     Ok((Arc::new(state), warnings))
+}
+
+/// What a running gateway records and shares beyond one request: the ledger (`ledger`) and
+/// the shared state (`state`, or the in-process backend).
+pub struct Accounts {
+    pub ledger: Option<Arc<Ledger>>,
+    pub state: Arc<StateSync>,
+}
+
+/// Open the ledger and rebuild every budget's spend from it, and set up the shared state.
+/// Only for a gateway that will serve (`-t` and `explain` touch neither). A relative
+/// `ledger.sqlite` lies beside the config file (`config_dir`), not in the working directory (a
+/// daemon's is `/`).
+pub fn open_accounts(
+    config: &Config,
+    state: &GatewayState,
+    config_dir: Option<&std::path::Path>,
+) -> Result<Accounts, StartupError> {
+    let ledger = match &config.ledger {
+        None => None,
+        Some(l) => {
+            let target = match &l.store {
+                LedgerStore::Sqlite(path) => LedgerTarget::Sqlite(match config_dir {
+                    Some(dir) if path.is_relative() => dir.join(path),
+                    _ => path.clone(),
+                }),
+                LedgerStore::PostgresEnv(name) => LedgerTarget::Postgres {
+                    url: std::env::var(name).map_err(|_| {
+                        StartupError::State(format!(
+                            "ledger.postgres_url_env: environment variable {name} is not set"
+                        ))
+                    })?,
+                },
+            };
+            let options = LedgerOptions {
+                queue: l.queue,
+                batch: l.batch,
+                interval: l.flush_interval,
+            };
+            let ledger = Ledger::open(target, options)?;
+            let rebuilt = rebuild_spend(&state.router, &ledger)?;
+            tracing::info!(
+                backend = ledger.backend(),
+                rows = rebuilt,
+                "ledger open; budgets' spend rebuilt from it"
+            );
+            state
+                .metrics
+                .register(Box::new(LedgerCollector::new(ledger.clone())?))?;
+            Some(ledger)
+        }
+    };
+    let backend: Arc<dyn StateBackend> = match &config.state {
+        None => Arc::new(MemoryBackend::default()),
+        Some(s) => {
+            let url = std::env::var(&s.redis_url_env).map_err(|_| {
+                StartupError::State(format!(
+                    "state.redis_url_env: environment variable {} is not set",
+                    s.redis_url_env
+                ))
+            })?;
+            Arc::new(
+                RedisBackend::new(&url, &s.key_prefix, s.timeout)
+                    .map_err(|e| StartupError::State(format!("state: {e}")))?,
+            )
+        }
+    };
+    let (interval, timeout) = config.state.as_ref().map_or(
+        (
+            crate::config::defaults::STATE_SYNC_INTERVAL,
+            crate::config::defaults::STATE_TIMEOUT,
+        ),
+        |s| (s.sync_interval, s.timeout),
+    );
+    let sync = StateSync::new(
+        state.router.clone(),
+        backend,
+        interval,
+        timeout,
+        StateMetrics::register(&state.metrics)?,
+    );
+    Ok(Accounts {
+        ledger,
+        state: Arc::new(sync),
+    })
+}
+
+/// Every budget's spend in its current period, from the ledger: the key's, its user's, the
+/// deployment's, its provider's and the gateway's. Returns the rows read. The rebuilt spend is
+/// marked as already in the shared store (a store that lived on holds it; the first round
+/// against an empty one pushes it: `state`).
+fn rebuild_spend(router: &Router, ledger: &Ledger) -> Result<usize, StartupError> {
+    let tables = router.tables.load();
+    let now_s = router.health.wall_s();
+    let mut starts = Vec::new();
+    let catalog = &tables.catalog;
+    if let Some(keys) = &tables.keys {
+        starts.extend(keys.iter().filter_map(|k| k.budget.map(|b| b.period)));
+        starts.extend(keys.user_spends().map(|(_, b, _)| b.period));
+    }
+    starts.extend(
+        catalog
+            .deployments
+            .iter()
+            .filter_map(|d| d.budget.map(|b| b.period)),
+    );
+    starts.extend(
+        catalog
+            .providers
+            .iter()
+            .filter_map(|p| p.budget.map(|b| b.period)),
+    );
+    starts.extend(tables.global_budget.map(|b| b.period));
+    let Some(first_day) = starts.iter().map(|p| period_start_day(*p, now_s)).min() else {
+        return Ok(0);
+    };
+    let since_ms = i64::try_from(first_day.saturating_mul(86_400_000)).unwrap_or(0);
+    let rows = ledger.spend_by_day(since_ms)?;
+    let in_period = |period: BudgetPeriod, day: i64| {
+        u64::try_from(day).is_ok_and(|d| d >= period_start_day(period, now_s))
+    };
+    for r in &rows {
+        let cost = r.cost_micro_usd;
+        if cost == 0 {
+            continue;
+        }
+        if let Some(keys) = &tables.keys {
+            if let Some(k) = r.key_id.as_deref().and_then(|id| keys.by_id(id)) {
+                if let Some(b) = k.budget.filter(|b| in_period(b.period, r.day)) {
+                    k.state.spend.add(b.period, now_s, cost);
+                }
+            }
+            if let Some(user) = r.user.as_deref() {
+                for (u, b, spend) in keys.user_spends() {
+                    if u == user && in_period(b.period, r.day) {
+                        spend.add(b.period, now_s, cost);
+                    }
+                }
+            }
+        }
+        let provider = catalog.providers.iter().find(|p| *p.id == *r.provider);
+        if let Some(p) = provider {
+            if let Some(b) = p.budget.filter(|b| in_period(b.period, r.day)) {
+                p.spend.add(b.period, now_s, cost);
+            }
+            let deployment = catalog.deployments.iter().find(|d| {
+                d.provider == p.idx
+                    && *d.upstream_model == *r.upstream_model
+                    && d.model.is_some_and(|m| *catalog.model(m).name == *r.model)
+            });
+            if let Some(d) = deployment {
+                if let Some(b) = d.budget.filter(|b| in_period(b.period, r.day)) {
+                    d.spend.add(b.period, now_s, cost);
+                }
+            }
+        }
+        if let Some(b) = tables.global_budget.filter(|b| in_period(b.period, r.day)) {
+            tables.global_spend.add(b.period, now_s, cost);
+        }
+    }
+    crate::state::assume_stored(&tables);
+    Ok(rows.len())
 }
 
 /// Downstream write coalescing: a response header and a small body leave in one segment.
@@ -182,6 +350,7 @@ pub fn build_server(
     state: Arc<GatewayState>,
     reloader: Arc<Reloader>,
     launch: Launch,
+    accounts: Accounts,
 ) -> Server {
     let opt = Opt {
         upgrade: launch.upgrade,
@@ -197,7 +366,12 @@ pub fn build_server(
     ))));
     let mut proxy = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
-        Gateway::new(state.router.clone(), state.metrics.clone(), hold_connector),
+        Gateway::new(
+            state.router.clone(),
+            state.metrics.clone(),
+            hold_connector,
+            accounts.ledger.clone(),
+        ),
         "signalbox proxy",
     );
     match &config.listen.proxy_tls {
@@ -241,6 +415,7 @@ pub fn build_server(
             reloader.clone(),
             state.metrics.clone(),
             &config.listen.proxy,
+            accounts.ledger.clone(),
         ),
     );
     admin.add_tcp(&config.listen.admin);
@@ -273,6 +448,10 @@ pub fn build_server(
     server.add_service(ranker);
     server.add_service(probes);
     server.add_service(background_service(
+        "signalbox shared state",
+        StateService(accounts.state.clone()),
+    ));
+    server.add_service(background_service(
         "signalbox reload on SIGHUP",
         ReloadOnHangup { reloader },
     ));
@@ -284,6 +463,8 @@ pub fn build_server(
         "signalbox drain then exit",
         DrainThenExit {
             metrics: state.metrics.clone(),
+            ledger: accounts.ledger,
+            state: Some(accounts.state),
         },
     ));
     server

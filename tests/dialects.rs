@@ -929,15 +929,16 @@ async fn stream_usage_is_asked_for_counted_and_stripped_unless_the_caller_asked(
         chunks.iter().all(|c| c["usage"].is_null()),
         "no usage anywhere: {text}"
     );
-    let line =
-        format!(r#"signalbox_tokens_total{{provider="o",kind="completion"}} {REPLY_TOKENS}"#);
+    let line = format!(
+        r#"signalbox_tokens_total{{provider="o",model="m",kind="completion"}} {REPLY_TOKENS}"#
+    );
     let m = gw.metrics_with(&[&line]).await;
     assert!(
         m.contains(&format!("{line}\n")),
         "counted all the same: {m}"
     );
     assert!(
-        m.contains(r#"signalbox_tokens_total{provider="o",kind="prompt"} "#),
+        m.contains(r#"signalbox_tokens_total{provider="o",model="m",kind="prompt"} "#),
         "{m}"
     );
 
@@ -961,7 +962,7 @@ async fn stream_usage_is_asked_for_counted_and_stripped_unless_the_caller_asked(
     assert_eq!(last["usage"]["completion_tokens"], REPLY_TOKENS, "{text}");
     assert_eq!(last["model"], "m", "{text}");
     let line = format!(
-        r#"signalbox_tokens_total{{provider="o",kind="completion"}} {}"#,
+        r#"signalbox_tokens_total{{provider="o",model="m",kind="completion"}} {}"#,
         2 * REPLY_TOKENS
     );
     let m = gw.metrics_with(&[&line]).await;
@@ -1231,7 +1232,7 @@ async fn translated_and_legacy_streams_carry_usage_only_when_the_caller_asked() 
             assert!(chunks.iter().all(|c| c["usage"].is_null()), "{text}");
         }
         let line = format!(
-            r#"signalbox_tokens_total{{provider="a",kind="completion"}} {}"#,
+            r#"signalbox_tokens_total{{provider="a",model="claude",kind="completion"}} {}"#,
             n * REPLY_TOKENS
         );
         let m = gw.metrics_with(&[&line]).await;
@@ -1261,8 +1262,9 @@ async fn translated_and_legacy_streams_carry_usage_only_when_the_caller_asked() 
             .any(|c| c["choices"].as_array().is_some_and(Vec::is_empty)),
         "{text}"
     );
-    let line =
-        format!(r#"signalbox_tokens_total{{provider="o",kind="completion"}} {REPLY_TOKENS}"#);
+    let line = format!(
+        r#"signalbox_tokens_total{{provider="o",model="gpt",kind="completion"}} {REPLY_TOKENS}"#
+    );
     let m = gw.metrics_with(&[&line]).await;
     assert!(m.contains(&format!("{line}\n")), "{m}");
 
@@ -1283,7 +1285,7 @@ async fn translated_and_legacy_streams_carry_usage_only_when_the_caller_asked() 
         .unwrap_or_else(|| panic!("no message_delta: {text}"));
     assert_eq!(delta["usage"]["output_tokens"], REPLY_TOKENS, "{text}");
     let line = format!(
-        r#"signalbox_tokens_total{{provider="o",kind="completion"}} {}"#,
+        r#"signalbox_tokens_total{{provider="o",model="gpt",kind="completion"}} {}"#,
         2 * REPLY_TOKENS
     );
     let m = gw.metrics_with(&[&line]).await;

@@ -62,7 +62,7 @@ pub fn render(router: &Router) -> Value {
                 "ttfb_ms": th.ttfb_ms.get(),
                 "throughput_tokens_per_s": th.throughput.get(),
             },
-            "requests_last_minute": reg.requests_last_minute(d, now),
+            "requests_last_minute": dep.requests.used(reg.shared.wall_s()),
         }));
     }
     let mut credentials = Vec::new();

@@ -10,7 +10,7 @@
 //! | `GET`/`PUT /admin/policies/{name}`, `/admin/rules`, `/admin/chains/{name}` | read/write | one section |
 //! | `POST /admin/chains/{name}/sort/{smartest,fastest,budget}` | write | reorder a chain |
 //! | `POST /admin/keys` · `DELETE /admin/keys/{id}` | write | create a client key (returned once) · revoke one |
-//! | `GET /admin/usage` | — | not built yet (the ledger) |
+//! | `GET /admin/usage?by=key\|user\|model\|provider&since=&until=` | read | the ledger's aggregates |
 //!
 //! Tokens (`admin.token_env`, `admin.read_token_env`) come as `Authorization: Bearer`, compared
 //! in constant time over digests. With a token configured, a request without a valid one gets
@@ -26,6 +26,7 @@ pub mod config;
 pub mod health;
 mod keys;
 pub mod ready;
+mod usage;
 
 use crate::adapters::surface::Surface;
 use std::sync::Arc;
@@ -36,6 +37,7 @@ use http::{Method, Response};
 use pingora_core::apps::http_app::ServeHttp;
 use pingora_core::protocols::http::ServerSession;
 
+use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 use crate::reload::{Grant, Reloader};
 
@@ -44,10 +46,17 @@ pub struct AdminApp {
     metrics: Arc<Metrics>,
     /// The port the proxy listener was bound on at start (readiness checks it is held).
     proxy_port: Option<u16>,
+    /// The ledger `GET /admin/usage` reads, when configured.
+    ledger: Option<Arc<Ledger>>,
 }
 
 impl AdminApp {
-    pub fn new(reloader: Arc<Reloader>, metrics: Arc<Metrics>, proxy_listen: &str) -> Self {
+    pub fn new(
+        reloader: Arc<Reloader>,
+        metrics: Arc<Metrics>,
+        proxy_listen: &str,
+        ledger: Option<Arc<Ledger>>,
+    ) -> Self {
         let proxy_port = proxy_listen
             .parse::<std::net::SocketAddr>()
             .ok()
@@ -56,6 +65,7 @@ impl AdminApp {
             reloader,
             metrics,
             proxy_port,
+            ledger,
         }
     }
 }
@@ -218,7 +228,10 @@ impl ServeHttp for AdminApp {
             (_, ["admin", "keys", ..]) => {
                 keys::handle(&self.reloader, session, &method, &parts[1..]).await
             }
-            (_, ["admin", "usage", ..]) => error(404, "not_found", "usage is not built yet"),
+            (&Method::GET, ["admin", "usage"]) => {
+                let query = session.req_header().uri.query().map(str::to_string);
+                usage::handle(self.ledger.as_deref(), query.as_deref()).await
+            }
             _ => error(404, "not_found", "no such admin endpoint"),
         }
     }

@@ -221,9 +221,12 @@ pub struct Deployment {
     pub price: Option<Price>,
     /// Share under the `weighted` strategy; `None` = only in the failure order.
     pub weight: Option<f64>,
+    /// Requests per minute it may take, and the attempts it took (shared with the catalog it
+    /// was rebuilt from, by identity, and with other replicas through the shared state).
     pub rpm: Option<u32>,
-    /// Tokens per minute it may take, and the tokens it took (reported usage; shared with the
-    /// catalog it was rebuilt from, by identity).
+    pub requests: Arc<Window>,
+    /// Tokens per minute it may take, and the tokens it took (reported usage; shared like
+    /// `requests`).
     pub tpm: Option<u64>,
     pub tokens: Arc<Window>,
     /// What the deployment may spend per period, and what it spent (shared with the catalog it
@@ -392,6 +395,7 @@ impl Catalog {
                     weight: d.weight,
                     rpm: d.rpm,
                     tpm: d.tpm,
+                    requests: Arc::default(),
                     tokens: Arc::default(),
                     budget: d.budget,
                     spend: Arc::default(),
@@ -433,6 +437,7 @@ impl Catalog {
         for d in &mut self.deployments {
             if let Some(o) = old.deployments.iter().find(|o| o.key_hash == d.key_hash) {
                 d.spend = o.spend.clone();
+                d.requests = o.requests.clone();
                 d.tokens = o.tokens.clone();
             }
         }
@@ -466,6 +471,7 @@ impl Deployment {
             weight: None,
             rpm: None,
             tpm: None,
+            requests: Arc::default(),
             tokens: Arc::default(),
             budget: None,
             spend: Arc::default(),

@@ -102,6 +102,21 @@ pub const PREFIX_BYTES: usize = 1024;
 /// `routing.custom_weights`: the `balanced` blend.
 pub const CUSTOM_WEIGHTS: Weights = Weights::BALANCED;
 
+// === ledger and shared state ===
+
+/// `ledger.queue`: rows waiting for the writer (about 25 s of a busy replica at 2.5k rows/s).
+pub const LEDGER_QUEUE: usize = 65_536;
+/// `ledger.batch`: rows per transaction.
+pub const LEDGER_BATCH: usize = 512;
+/// `ledger.flush_interval`: how long a batch may wait to fill.
+pub const LEDGER_FLUSH_INTERVAL: Duration = Duration::from_millis(200);
+/// `state.sync_interval`: a cooldown or a count reaches the other replicas within about two.
+pub const STATE_SYNC_INTERVAL: Duration = Duration::from_millis(250);
+/// `state.key_prefix`.
+pub const STATE_KEY_PREFIX: &str = "signalbox:";
+/// `state.timeout`: one Redis round trip at most before a replica falls back to local counts.
+pub const STATE_TIMEOUT: Duration = Duration::from_millis(200);
+
 // === log ===
 
 /// `log.format`.

@@ -31,9 +31,10 @@ pub use defaults::PRIORITY as DEFAULT_PRIORITY;
 pub use types::{
     AdminConfig, AliasConfig, BaseUrl, BudgetConfig, BudgetPeriod, Capabilities, ChainConfig,
     ClientKeyConfig, ClientKeySource, Config, CredentialConfig, DegradedPolicy, DeploymentConfig,
-    Failover, HealthPolicy, KeySource, Limits, Listen, LogConfig, LogFormat, ModelConfig,
-    PolicyConfig, PolicyTarget, Price, ProviderConfig, ProviderKind, ResponseConfig, RouterConfig,
-    RoutingKnobs, RuleConfig, RuleTarget, Scheme, SelectEntry, Strategy, Weights,
+    Failover, HealthPolicy, KeySource, LedgerConfig, LedgerStore, Limits, Listen, LogConfig,
+    LogFormat, ModelConfig, PolicyConfig, PolicyTarget, Price, ProviderConfig, ProviderKind,
+    ResponseConfig, RouterConfig, RoutingKnobs, RuleConfig, RuleTarget, Scheme, SelectEntry,
+    StateConfig, Strategy, Weights,
 };
 pub use values::{is_upstream_model_name, parse_base_url, parse_size_text, AXIS_NAMES};
 

@@ -59,6 +59,62 @@ pub struct ConfigFile {
     /// Spending limits beyond keys and deployments.
     #[serde(default)]
     pub budgets: BudgetsSection,
+    /// Where every attempt is recorded (`sqlite` by default, or PostgreSQL).
+    #[serde(default)]
+    pub ledger: Option<LedgerSection>,
+    /// Counters and cooldowns shared across replicas (Redis); absent: per instance.
+    #[serde(default)]
+    pub state: Option<StateSection>,
+    /// What `/metrics` exports beyond the bounded defaults.
+    #[serde(default)]
+    pub metrics: MetricsSection,
+}
+
+/// `ledger`: one row per attempt, written off the request path.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LedgerSection {
+    /// The embedded database file (WAL); the default backend.
+    #[serde(default)]
+    pub sqlite: Option<String>,
+    /// Name of an environment variable holding a PostgreSQL URL (`postgres://user:pw@host/db`).
+    #[serde(default)]
+    pub postgres_url_env: Option<String>,
+    /// Rows waiting for the writer at most; beyond it rows are dropped (and counted).
+    #[serde(default = "default_ledger_queue")]
+    pub queue: usize,
+    /// Rows written in one transaction at most.
+    #[serde(default = "default_ledger_batch")]
+    pub batch: usize,
+    /// How long the writer waits to fill a batch.
+    #[serde(default = "default_ledger_flush_interval")]
+    pub flush_interval: String,
+}
+
+/// `state`: shared counters on Redis.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateSection {
+    /// Name of an environment variable holding the Redis URL (`redis://host:6379/0`).
+    pub redis_url_env: String,
+    /// How often each replica pushes its counts and reads everyone's (and the cooldowns).
+    #[serde(default = "default_state_sync_interval")]
+    pub sync_interval: String,
+    /// Prefix of every Redis key, so clusters can share one Redis.
+    #[serde(default = "default_state_key_prefix")]
+    pub key_prefix: String,
+    /// How long one Redis call may take before the replica falls back to its local counts.
+    #[serde(default = "default_state_timeout")]
+    pub timeout: String,
+}
+
+/// `metrics`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Label spend and tokens by client key id too (one series per key: off by default).
+    #[serde(default)]
+    pub per_key: bool,
 }
 
 /// `budgets`: the whole gateway's, and each provider's.
@@ -260,6 +316,9 @@ pub struct DeploymentSection {
 pub struct PriceSection {
     pub input_per_mtok: f64,
     pub output_per_mtok: f64,
+    /// Prompt tokens the provider reports as read from its prompt cache; absent: input price.
+    #[serde(default)]
+    pub cached_input_per_mtok: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -694,4 +753,23 @@ pub fn default_prefix_bytes() -> usize {
 
 pub fn default_log_format() -> String {
     defaults::LOG_FORMAT.as_str().to_string()
+}
+
+pub fn default_ledger_queue() -> usize {
+    defaults::LEDGER_QUEUE
+}
+pub fn default_ledger_batch() -> usize {
+    defaults::LEDGER_BATCH
+}
+pub fn default_ledger_flush_interval() -> String {
+    defaults::duration_text(defaults::LEDGER_FLUSH_INTERVAL)
+}
+pub fn default_state_sync_interval() -> String {
+    defaults::duration_text(defaults::STATE_SYNC_INTERVAL)
+}
+pub fn default_state_key_prefix() -> String {
+    defaults::STATE_KEY_PREFIX.to_string()
+}
+pub fn default_state_timeout() -> String {
+    defaults::duration_text(defaults::STATE_TIMEOUT)
 }

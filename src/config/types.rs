@@ -44,6 +44,40 @@ pub struct Config {
     pub global_budget: Option<BudgetConfig>,
     /// `budgets.users`: what each user (of the client keys) may spend per period.
     pub user_budgets: Vec<(String, BudgetConfig)>,
+    /// `ledger`: where attempts are recorded; `None`: nowhere.
+    pub ledger: Option<LedgerConfig>,
+    /// `state`: counters shared on Redis; `None`: per instance.
+    pub state: Option<StateConfig>,
+    /// `metrics.per_key`: spend and tokens by client key id too.
+    pub metrics_per_key: bool,
+}
+
+/// Where the ledger lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LedgerStore {
+    /// The embedded database at this path.
+    Sqlite(std::path::PathBuf),
+    /// A PostgreSQL server whose URL is in this environment variable.
+    PostgresEnv(String),
+}
+
+/// The `ledger` section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerConfig {
+    pub store: LedgerStore,
+    pub queue: usize,
+    pub batch: usize,
+    pub flush_interval: Duration,
+}
+
+/// The `state` section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateConfig {
+    /// The environment variable holding the Redis URL.
+    pub redis_url_env: String,
+    pub sync_interval: Duration,
+    pub key_prefix: String,
+    pub timeout: Duration,
 }
 
 /// How a client key is known: its sha256, or an environment variable holding the key.
@@ -312,6 +346,8 @@ pub struct Capabilities {
 pub struct Price {
     pub input_per_mtok: f64,
     pub output_per_mtok: f64,
+    /// The price of prompt tokens read from the provider's cache (`None`: the input price).
+    pub cached_input_per_mtok: Option<f64>,
 }
 
 #[derive(Debug, Clone)]

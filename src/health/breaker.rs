@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::time::Duration;
 
 use super::clock::ms;
-use super::stats::{Ewma, MinuteCounter, SuccessWindow};
+use super::stats::{Ewma, SuccessWindow};
 use crate::config::HealthPolicy;
 
 /// Full health, in permille.
@@ -93,6 +93,18 @@ impl TargetHealth {
 
     pub fn health(&self) -> u32 {
         self.health.load(Ordering::Relaxed)
+    }
+
+    /// Until when the breaker is open (monotonic ms; 0: closed). For the shared state.
+    pub fn ejected_until_ms(&self) -> u64 {
+        self.ejected_until.load(Ordering::Acquire)
+    }
+
+    /// Another replica ejected this target until `until_ms` (this replica's monotonic ms):
+    /// open the breaker until then unless it already is for longer. Its half-open probe
+    /// afterwards is this replica's own.
+    pub fn adopt_ejection(&self, until_ms: u64) {
+        self.ejected_until.fetch_max(until_ms, Ordering::AcqRel);
     }
 
     pub fn consecutive_failures(&self) -> u32 {
@@ -277,6 +289,11 @@ impl CredentialHealth {
         (until != 0 && now_ms < until).then_some(until)
     }
 
+    /// Until when the key rests (monotonic ms; 0 or past: usable). For the shared state.
+    pub fn cooling_until_ms(&self) -> u64 {
+        self.cooling_until.load(Ordering::Acquire)
+    }
+
     pub fn is_rejected(&self) -> bool {
         self.rejected.load(Ordering::Relaxed)
     }
@@ -347,7 +364,7 @@ impl CredentialHealth {
     }
 }
 
-/// Per deployment: the benching window across credentials and request-rate headroom.
+/// Per deployment: the benching window across credentials.
 #[derive(Debug)]
 pub struct DeploymentHealth {
     /// Timestamps of the last `bench_after` model-scoped failures (ring).
@@ -355,7 +372,6 @@ pub struct DeploymentHealth {
     next: AtomicUsize,
     benched_until: AtomicU64,
     pub benchings_total: AtomicU64,
-    pub requests: MinuteCounter,
 }
 
 impl DeploymentHealth {
@@ -367,13 +383,23 @@ impl DeploymentHealth {
             next: AtomicUsize::new(0),
             benched_until: AtomicU64::new(0),
             benchings_total: AtomicU64::new(0),
-            requests: MinuteCounter::default(),
         }
     }
 
     pub fn benched_until(&self, now_ms: u64) -> Option<u64> {
         let until = self.benched_until.load(Ordering::Acquire);
         (until != 0 && now_ms < until).then_some(until)
+    }
+
+    /// Until when the deployment is benched (monotonic ms; 0 or past: not). For the shared
+    /// state.
+    pub fn benched_until_ms(&self) -> u64 {
+        self.benched_until.load(Ordering::Acquire)
+    }
+
+    /// Another replica benched this deployment until `until_ms` (this replica's clock).
+    pub fn adopt_bench(&self, until_ms: u64) {
+        self.benched_until.fetch_max(until_ms, Ordering::AcqRel);
     }
 
     /// A model-scoped failure on any credential. Benches the deployment when `bench_after`

@@ -156,6 +156,14 @@ impl HealthShared {
         self.clock.now_ms()
     }
 
+    /// Wall-clock milliseconds since the epoch (instants shared with other replicas).
+    pub fn wall_ms(&self) -> u64 {
+        self.clock
+            .wall()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+
     /// Wall-clock seconds since the epoch (calendar periods of budgets).
     pub fn wall_s(&self) -> u64 {
         self.clock
@@ -442,14 +450,10 @@ impl HealthRegistry {
         self.target(t).is_some_and(TargetHealth::try_claim_probe)
     }
 
-    /// An attempt starts: counts in-flight (released by the guard) and the request rate.
+    /// An attempt starts: counts in-flight (released by the guard).
     pub fn begin(self: &Arc<Self>, t: TargetRef, probe: bool) -> InflightGuard {
-        let now = self.now_ms();
         if let Some(th) = self.target(t) {
             th.in_flight.fetch_add(1, Ordering::Relaxed);
-        }
-        if let Some(d) = t.deployment.and_then(|d| self.deployment(d)) {
-            d.requests.add(now);
         }
         InflightGuard {
             registry: Arc::clone(self),
@@ -605,12 +609,6 @@ impl HealthRegistry {
         }
         view.success_rate = (f64::from(ok) + 1.0) / (f64::from(ok) + f64::from(fail) + 1.0);
         view
-    }
-
-    /// Requests sent to a deployment in the last minute (rate-limit headroom).
-    pub fn requests_last_minute(&self, d: DeploymentIdx, now_ms: u64) -> u32 {
-        self.deployment(d)
-            .map_or(0, |h| h.requests.last_minute(now_ms))
     }
 
     /// Every target, for probes and display.

@@ -141,73 +141,9 @@ impl SuccessWindow {
     }
 }
 
-/// Requests counted per one-second bucket over the last minute: rate-limit headroom.
-#[derive(Debug)]
-pub struct MinuteCounter {
-    seconds: [Bucket; 60],
-}
-
-impl Default for MinuteCounter {
-    fn default() -> Self {
-        Self {
-            seconds: std::array::from_fn(|_| Bucket::default()),
-        }
-    }
-}
-
-impl MinuteCounter {
-    pub fn add(&self, now_ms: u64) {
-        let sec = now_ms / 1000;
-        self.seconds[(sec % 60) as usize]
-            .enter(sec)
-            .ok
-            .fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The buckets of the last 60 seconds.
-    fn window(&self, now_ms: u64) -> impl Iterator<Item = &Bucket> {
-        let sec = now_ms / 1000;
-        let oldest = sec.saturating_sub(59);
-        self.seconds.iter().filter(move |b| {
-            let e = b.epoch.load(Ordering::Relaxed);
-            e >= oldest && e <= sec
-        })
-    }
-
-    /// When the oldest request counted in the window leaves it (the window has room again).
-    pub fn frees_at(&self, now_ms: u64) -> u64 {
-        self.window(now_ms)
-            .filter(|b| b.ok.load(Ordering::Relaxed) > 0)
-            .map(|b| b.epoch.load(Ordering::Relaxed))
-            .min()
-            .map_or(now_ms, |s| (s + 60) * 1000)
-    }
-
-    /// Requests in the last 60 seconds.
-    pub fn last_minute(&self, now_ms: u64) -> u32 {
-        self.window(now_ms)
-            .map(|b| b.ok.load(Ordering::Relaxed))
-            .sum()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_minute_window_counts_and_says_when_it_frees() {
-        let m = MinuteCounter::default();
-        m.add(10_500);
-        m.add(10_900);
-        m.add(30_000);
-        assert_eq!(m.last_minute(30_000), 3);
-        // The oldest second (10) leaves the window at 70 s.
-        assert_eq!(m.frees_at(30_000), 70_000);
-        assert_eq!(m.last_minute(70_000), 1);
-        assert_eq!(m.frees_at(70_000), 90_000);
-        assert_eq!(m.last_minute(91_000), 0);
-    }
 
     #[test]
     fn ewma_starts_unknown_then_tracks() {
@@ -236,15 +172,5 @@ mod tests {
         w.record(true, 11_200);
         assert_eq!(w.counts(11_200), (1, 1));
         assert_eq!(w.counts(30_000), (0, 0));
-    }
-
-    #[test]
-    fn minute_counter() {
-        let m = MinuteCounter::default();
-        for i in 0..30 {
-            m.add(1_000 + i * 1_000);
-        }
-        assert_eq!(m.last_minute(30_000), 30);
-        assert_eq!(m.last_minute(75_000), 15);
     }
 }

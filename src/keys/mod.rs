@@ -38,6 +38,8 @@ pub struct KeyState {
 #[derive(Debug)]
 pub struct ClientKey {
     pub id: Arc<str>,
+    /// Its position in the config's `keys` (its label index under `metrics.per_key`).
+    pub metric: usize,
     pub user: Option<Arc<str>>,
     digest: [u8; 32],
     /// Lower-cased globs; `None`: every name.
@@ -214,6 +216,7 @@ pub struct KeyTable {
     by_digest: HashMap<[u8; 32], usize>,
     /// What each user with a budget spent (carried across rebuilds by user).
     user_spend: HashMap<String, Arc<Spend>>,
+    user_budgets: Vec<(String, BudgetConfig)>,
 }
 
 impl KeyTable {
@@ -226,7 +229,10 @@ impl KeyTable {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> (Self, Vec<String>) {
         let mut warnings = Vec::new();
-        let mut table = KeyTable::default();
+        let mut table = KeyTable {
+            user_budgets: user_budgets.to_vec(),
+            ..KeyTable::default()
+        };
         for (user, _) in user_budgets {
             let spend = previous
                 .and_then(|p| p.user_spend.get(user))
@@ -234,7 +240,7 @@ impl KeyTable {
                 .unwrap_or_default();
             table.user_spend.insert(user.clone(), spend);
         }
-        for c in configs {
+        for (metric, c) in configs.iter().enumerate() {
             let digest = match &c.source {
                 ClientKeySource::Sha256(d) => *d,
                 ClientKeySource::Env(name) => match env(name).filter(|k| !k.trim().is_empty()) {
@@ -261,6 +267,7 @@ impl KeyTable {
             table.by_digest.insert(digest, table.keys.len());
             table.keys.push(ClientKey {
                 id: Arc::from(c.id.as_str()),
+                metric,
                 user: c.user.as_deref().map(Arc::from),
                 digest,
                 allowed: c
@@ -290,6 +297,19 @@ impl KeyTable {
 
     pub fn get(&self, i: usize) -> Option<&ClientKey> {
         self.keys.get(i)
+    }
+
+    /// Every key, in config order.
+    pub fn iter(&self) -> impl Iterator<Item = &ClientKey> {
+        self.keys.iter()
+    }
+
+    /// Every user budget and what that user spent.
+    pub fn user_spends(&self) -> impl Iterator<Item = (&str, &BudgetConfig, &Arc<Spend>)> {
+        self.user_budgets.iter().filter_map(|(user, budget)| {
+            let spend = self.user_spend.get(user)?;
+            Some((user.as_str(), budget, spend))
+        })
     }
 
     pub fn by_id(&self, id: &str) -> Option<&ClientKey> {
@@ -401,7 +421,15 @@ mod tests {
         let p = crate::config::Price {
             input_per_mtok: 2.5,
             output_per_mtok: 10.0,
+            cached_input_per_mtok: Some(1.25),
         };
-        assert_eq!(cost_micro_usd(&p, 1_000, 100), 3_500);
+        assert_eq!(cost_micro_usd(&p, 1_000, 0, 100), 3_500);
+        // 400 of the 1000 prompt tokens came from the cache, at half the input price.
+        assert_eq!(cost_micro_usd(&p, 1_000, 400, 100), 3_000);
+        let no_cache_price = crate::config::Price {
+            cached_input_per_mtok: None,
+            ..p
+        };
+        assert_eq!(cost_micro_usd(&no_cache_price, 1_000, 400, 100), 3_500);
     }
 }

@@ -10,6 +10,11 @@
 //!
 //! Admission is check-then-add, not atomic across the two: concurrent requests racing for the
 //! last unit can overshoot by at most the number racing, never by a whole window.
+//!
+//! Across replicas (`state`), a window has two more sets of buckets that only the state sync
+//! touches: `pushed`, what of each second the shared store has been told, and `others`, what
+//! the other replicas counted in each second as of the last sync. The window's count is its
+//! own plus the others', per second, so `Retry-After` stays exact to the second of the sync.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -19,14 +24,25 @@ const SECONDS: u64 = 60;
 #[derive(Debug)]
 pub struct Window {
     buckets: [AtomicU64; SECONDS as usize],
+    /// Per second: this replica's count the shared store already holds.
+    pushed: [AtomicU64; SECONDS as usize],
+    /// Per second: the other replicas' count, as of the last sync.
+    others: [AtomicU64; SECONDS as usize],
 }
 
 impl Default for Window {
     fn default() -> Self {
         Self {
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            pushed: std::array::from_fn(|_| AtomicU64::new(0)),
+            others: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
+}
+
+/// Whether `second` lies in the minute ending at `now` (both masked to 32 bits).
+fn live(now: u64, second: u64) -> bool {
+    now.wrapping_sub(second) & 0xFFFF_FFFF < SECONDS
 }
 
 /// Pack a second (low 32 bits are enough: they wrap every 136 years) and a count.
@@ -44,8 +60,9 @@ impl Window {
         let now = now_s & 0xFFFF_FFFF;
         self.buckets
             .iter()
+            .chain(&self.others)
             .map(|b| unpack(b.load(Ordering::Relaxed)))
-            .filter(|(s, _)| now.wrapping_sub(*s) & 0xFFFF_FFFF < SECONDS)
+            .filter(|(s, _)| live(now, *s))
             .map(|(_, c)| c)
             .sum()
     }
@@ -104,17 +121,18 @@ impl Window {
         }
         // Oldest first: how long until the counts that must leave have left.
         let now = now_s & 0xFFFF_FFFF;
-        let mut live: Vec<(u64, u64)> = self
+        let mut counted: Vec<(u64, u64)> = self
             .buckets
             .iter()
+            .chain(&self.others)
             .map(|b| unpack(b.load(Ordering::Relaxed)))
-            .filter(|(s, c)| *c > 0 && now.wrapping_sub(*s) & 0xFFFF_FFFF < SECONDS)
+            .filter(|(s, c)| *c > 0 && live(now, *s))
             .map(|(s, c)| (now.wrapping_sub(s) & 0xFFFF_FFFF, c))
             .collect();
-        live.sort_unstable_by_key(|l| std::cmp::Reverse(l.0));
+        counted.sort_unstable_by_key(|l| std::cmp::Reverse(l.0));
         let must_leave = used.saturating_add(n) - limit;
         let mut left = 0;
-        for (age, c) in live {
+        for (age, c) in counted {
             left += c;
             if left >= must_leave {
                 // A bucket `age` seconds old leaves the window in `SECONDS - age` seconds.
@@ -122,6 +140,68 @@ impl Window {
             }
         }
         Err(SECONDS)
+    }
+
+    /// For the state sync: what this replica counted since the last push, per live second
+    /// (`(second, delta)`; a refund makes a delta negative). Marked pushed by
+    /// [`commit`](Self::commit) once the store has it.
+    pub fn pending(&self, now_s: u64, out: &mut Vec<(u64, i64)>) {
+        let now = now_s & 0xFFFF_FFFF;
+        for (bucket, pushed) in self.buckets.iter().zip(&self.pushed) {
+            let (s, c) = unpack(bucket.load(Ordering::Relaxed));
+            if !live(now, s) {
+                continue;
+            }
+            let (ps, pc) = unpack(pushed.load(Ordering::Relaxed));
+            let before = if ps == s { pc } else { 0 };
+            if c != before {
+                #[allow(clippy::cast_possible_wrap)]
+                out.push((s, c as i64 - before as i64));
+            }
+        }
+    }
+
+    /// The store took these deltas (from [`pending`](Self::pending)).
+    pub fn commit(&self, deltas: &[(u64, i64)]) {
+        for &(s, d) in deltas {
+            let s = s & 0xFFFF_FFFF;
+            let pushed = &self.pushed[(s % SECONDS) as usize];
+            let (ps, pc) = unpack(pushed.load(Ordering::Relaxed));
+            let before = if ps == s { pc } else { 0 };
+            pushed.store(pack(s, before.saturating_add_signed(d)), Ordering::Relaxed);
+        }
+    }
+
+    /// For the state sync: the whole window's count per second as the shared store holds it
+    /// (every replica's pushes); what is not this replica's becomes the others' count.
+    pub fn set_shared(&self, now_s: u64, shared: &[(u64, u64)]) {
+        let now = now_s & 0xFFFF_FFFF;
+        for (i, other) in self.others.iter().enumerate() {
+            let found = shared
+                .iter()
+                .map(|&(s, c)| (s & 0xFFFF_FFFF, c))
+                .find(|&(s, _)| s % SECONDS == i as u64 && live(now, s));
+            let value = found.map_or(0, |(s, total)| {
+                let (ps, pc) = unpack(self.pushed[i].load(Ordering::Relaxed));
+                let mine = if ps == s { pc } else { 0 };
+                pack(s, total.saturating_sub(mine))
+            });
+            other.store(value, Ordering::Relaxed);
+        }
+    }
+
+    /// The shared store is unreachable: only this replica's counts hold until it is back.
+    pub fn clear_shared(&self) {
+        for o in &self.others {
+            o.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// The shared store lost what it held (a restarted Redis): push every live count again.
+    pub fn forget_pushed(&self) {
+        for p in &self.pushed {
+            p.store(0, Ordering::Relaxed);
+        }
     }
 
     /// The fraction of `limit` still free at `now_s` (0 to 1).
@@ -198,5 +278,48 @@ mod tests {
         }
         assert_eq!(w.used(42), 4000);
         assert!((w.headroom(42, 8000) - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn shared_counts_join_the_window_and_pushes_are_deltas() {
+        let w = Window::default();
+        w.add(100, 2);
+        w.add(101, 1);
+        let mut d = Vec::new();
+        w.pending(101, &mut d);
+        d.sort_unstable();
+        assert_eq!(d, [(100, 2), (101, 1)]);
+        w.commit(&d);
+        // The store now holds ours plus 4 from another replica at second 101.
+        w.set_shared(101, &[(100, 2), (101, 5)]);
+        assert_eq!(w.used(101), 7);
+        assert_eq!(w.check(101, 7, 1), Err(59), "our two at 100 must leave");
+        // Only what changed since is pushed; a refund pushes a negative delta.
+        w.add(101, 3);
+        w.sub(100, 1);
+        let mut d = Vec::new();
+        w.pending(102, &mut d);
+        d.sort_unstable();
+        assert_eq!(d, [(100, -1), (101, 3)]);
+        let mut again = Vec::new();
+        w.pending(102, &mut again);
+        assert_eq!(again, d, "not pushed until committed");
+        w.commit(&d);
+        let mut d = Vec::new();
+        w.pending(102, &mut d);
+        assert!(d.is_empty(), "nothing new");
+        // Unreachable store: our own counts only; then it comes back empty: push all again.
+        w.clear_shared();
+        assert_eq!(w.used(102), 5);
+        w.forget_pushed();
+        let mut d = Vec::new();
+        w.pending(102, &mut d);
+        d.sort_unstable();
+        assert_eq!(d, [(100, 1), (101, 4)]);
+        w.commit(&d);
+        // Others' counts slide out of the window like ours.
+        w.set_shared(102, &[(100, 1), (101, 8)]);
+        assert_eq!(w.used(102), 9);
+        assert_eq!(w.used(161), 0);
     }
 }

@@ -24,8 +24,17 @@
 //! - `policy_selections_total{policy, entry}`: the `select` entry that held (`none`: no entry
 //!   held and the policy's `on_failure` models served).
 //! - `skipped_candidates_total{reason}`: candidates passed over without a call.
-//! - `tokens_total{provider, kind}`: tokens the serving provider reported in the response's
-//!   `usage` (`kind` is `prompt` or `completion`); nothing when it reported none.
+//! - `tokens_total{provider, model, kind}`: tokens the serving provider reported in the
+//!   response's `usage` (`kind`: `prompt`, `completion`, `cache_read`, `cache_write`; `model`
+//!   is the catalog model, `direct` for a `<provider>/<name>` request); nothing when it
+//!   reported none.
+//! - `spend_usd_total{provider, model}`: what the answers cost (usage × the deployment's
+//!   price).
+//! - `key_tokens_total{key, kind}` / `key_spend_usd_total{key}`: the same by client key id,
+//!   only with `metrics.per_key: true` (one series per key).
+//!
+//! The ledger's and the shared state's families (`ledger_*`, `state_*`) are registered by
+//! their owners.
 //!
 //! Health's families (breaker states, ejections, probes, degraded mode) are read from the
 //! registry at scrape time: [`health`].
@@ -35,6 +44,7 @@
 //! dashboard or an alert names is visible from the first scrape.
 
 pub mod health;
+pub mod ledger;
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -136,6 +146,8 @@ pub struct DenseCounters {
     desc: Desc,
     label_names: Vec<&'static str>,
     table: ArcSwap<DenseTable>,
+    /// Exported value per count (micro-USD counted, USD exported: 1e-6).
+    scale: f64,
 }
 
 impl DenseCounters {
@@ -154,7 +166,14 @@ impl DenseCounters {
             desc,
             label_names: label_names.to_vec(),
             table: ArcSwap::from_pointee(DenseTable::new(dims)),
+            scale: 1.0,
         })
+    }
+
+    /// A family whose counts are exported times `scale`.
+    fn scaled(mut self, scale: f64) -> Self {
+        self.scale = scale;
+        self
     }
 
     /// Install a table with new label values, carrying counts over by label values.
@@ -216,7 +235,7 @@ impl Collector for DenseCounters {
             m.set_label(pairs);
             let mut c = Counter::default();
             #[allow(clippy::cast_precision_loss)]
-            c.set_value(n as f64);
+            c.set_value(n as f64 * self.scale);
             m.set_counter(c);
             metrics.push(m);
         }
@@ -246,6 +265,10 @@ pub struct RoutingLabels {
     pub entries: usize,
     /// The reasons a candidate can be skipped for.
     pub skip_reasons: Vec<Arc<str>>,
+    /// Catalog model names (`tokens_total`, `spend_usd_total`); `direct` is added after them.
+    pub models: Vec<Arc<str>>,
+    /// Client key ids, only with `metrics.per_key` (empty otherwise: no per-key series).
+    pub keys: Vec<Arc<str>>,
 }
 
 /// Per-snapshot handles: what the request path touches.
@@ -263,8 +286,15 @@ pub struct BoundMetrics {
     pub policy_selections: Arc<DenseTable>,
     /// `[reason]`.
     pub skipped: Arc<DenseTable>,
-    /// `[provider, kind]`, kind indexed by [`TOKEN_KINDS`].
+    /// `[provider, model, kind]`, kind indexed by [`TOKEN_KINDS`]; model index
+    /// `models.len()` is `direct`.
     pub tokens: Arc<DenseTable>,
+    /// `[provider, model]`, micro-USD.
+    pub spend: Arc<DenseTable>,
+    /// `[key, kind]` (empty without `metrics.per_key`).
+    pub key_tokens: Arc<DenseTable>,
+    /// `[key]`, micro-USD (empty without `metrics.per_key`).
+    pub key_spend: Arc<DenseTable>,
     pub providers: Vec<ProviderMetrics>,
 }
 
@@ -278,6 +308,9 @@ pub struct Metrics {
     policy_selections: Arc<DenseCounters>,
     skipped: Arc<DenseCounters>,
     tokens: Arc<DenseCounters>,
+    spend: Arc<DenseCounters>,
+    key_tokens: Arc<DenseCounters>,
+    key_spend: Arc<DenseCounters>,
     latency: HistogramVec,
     ttfb: HistogramVec,
     pub in_flight: IntGauge,
@@ -327,9 +360,30 @@ impl Metrics {
         )?);
         let tokens = Arc::new(DenseCounters::new(
             "signalbox_tokens_total",
-            "Tokens the serving provider reported in the response's usage, by provider and kind.",
-            &["provider", "kind"],
+            "Tokens the serving provider reported in the response's usage, by provider, model and kind.",
+            &["provider", "model", "kind"],
         )?);
+        let spend = Arc::new(
+            DenseCounters::new(
+                "signalbox_spend_usd_total",
+                "What answers cost (reported usage times the deployment's price), by provider and model.",
+                &["provider", "model"],
+            )?
+            .scaled(1e-6),
+        );
+        let key_tokens = Arc::new(DenseCounters::new(
+            "signalbox_key_tokens_total",
+            "Tokens reported, by client key id and kind (metrics.per_key only).",
+            &["key", "kind"],
+        )?);
+        let key_spend = Arc::new(
+            DenseCounters::new(
+                "signalbox_key_spend_usd_total",
+                "What answers cost, by client key id (metrics.per_key only).",
+                &["key"],
+            )?
+            .scaled(1e-6),
+        );
         let latency = HistogramVec::new(
             HistogramOpts::new(
                 "signalbox_upstream_latency_seconds",
@@ -361,6 +415,9 @@ impl Metrics {
         registry.register(Box::new(ArcCollector(policy_selections.clone())))?;
         registry.register(Box::new(ArcCollector(skipped.clone())))?;
         registry.register(Box::new(ArcCollector(tokens.clone())))?;
+        registry.register(Box::new(ArcCollector(spend.clone())))?;
+        registry.register(Box::new(ArcCollector(key_tokens.clone())))?;
+        registry.register(Box::new(ArcCollector(key_spend.clone())))?;
         registry.register(Box::new(latency.clone()))?;
         registry.register(Box::new(ttfb.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
@@ -385,6 +442,9 @@ impl Metrics {
             policy_selections,
             skipped,
             tokens,
+            spend,
+            key_tokens,
+            key_spend,
             latency,
             ttfb,
             in_flight,
@@ -413,6 +473,11 @@ impl Metrics {
             .map(|i| Arc::from(itoa::Buffer::new().format(i)))
             .collect();
         entries.push(Arc::from("none"));
+        let mut models: Vec<Arc<str>> = labels.models.clone();
+        models.push(Arc::from("direct"));
+        let models: LabelValues = models.into();
+        let kinds: LabelValues = TOKEN_KINDS.iter().map(|k| Arc::from(*k)).collect();
+        let keys: LabelValues = labels.keys.iter().cloned().collect();
         BoundMetrics {
             requests: self.requests.rebind(vec![routes, with_none, classes]),
             attempts: self
@@ -433,8 +498,12 @@ impl Metrics {
                 .rebind(vec![labels.skip_reasons.iter().cloned().collect()]),
             tokens: self.tokens.rebind(vec![
                 provider_values.clone(),
-                TOKEN_KINDS.iter().map(|k| Arc::from(*k)).collect(),
+                models.clone(),
+                kinds.clone(),
             ]),
+            spend: self.spend.rebind(vec![provider_values.clone(), models]),
+            key_tokens: self.key_tokens.rebind(vec![keys.clone(), kinds]),
+            key_spend: self.key_spend.rebind(vec![keys]),
             providers: providers
                 .iter()
                 .map(|p| ProviderMetrics {
@@ -474,8 +543,11 @@ impl Metrics {
         out
     }
 
-    fn dense(&self) -> [&DenseCounters; 7] {
+    fn dense(&self) -> [&DenseCounters; 10] {
         [
+            &self.spend,
+            &self.key_tokens,
+            &self.key_spend,
             &self.requests,
             &self.attempts,
             &self.failovers,
@@ -564,11 +636,19 @@ mod tests {
             assert!(text.contains(&format!("# HELP {name} ")), "{text}");
             assert!(!text.contains(&format!("{name}{{")), "{text}");
         }
-        b.tokens.add(&[0, TOKENS_COMPLETION], 7);
+        // Model index 0 of none is `direct`.
+        b.tokens.add(&[0, 0, TOKENS_COMPLETION], 7);
+        b.spend.add(&[0, 0], 1_500_000);
         let text = m.render();
         assert!(
-            text.contains(r#"signalbox_tokens_total{provider="a",kind="completion"} 7"#),
+            text.contains(
+                r#"signalbox_tokens_total{provider="a",model="direct",kind="completion"} 7"#
+            ),
             "{text}"
+        );
+        assert!(
+            text.contains(r#"signalbox_spend_usd_total{provider="a",model="direct"} 1.5"#),
+            "micro-USD counted, USD exported: {text}"
         );
         // Families stay sorted by name, announced or not.
         let names: Vec<&str> = text

@@ -116,10 +116,11 @@ pub fn facts<'t>(ctx: &RequestCtx, tables: &'t Tables) -> Option<KeyFacts<'t>> {
 /// When the request ends: what the served answer cost (its usage × the serving deployment's
 /// price) is spent from every budget it counts against — the deployment's, its provider's, the
 /// gateway's, the key's — and the key's token window takes the reported tokens in place of the
-/// estimate.
-pub fn settle(ctx: &mut RequestCtx) {
+/// estimate. Returns that cost (micro-USD; 0 when unpriced or unreported) for the metrics
+/// and the ledger.
+pub fn settle(ctx: &mut RequestCtx) -> u64 {
     let Some(tables) = ctx.tables.clone() else {
-        return;
+        return 0;
     };
     let usage = ctx.served.and(ctx.relay.signals().usage);
     let deployment = ctx.served.and_then(|a| {
@@ -132,14 +133,19 @@ pub fn settle(ctx: &mut RequestCtx) {
                 .add(now_s(ctx), u.prompt_tokens + u.completion_tokens);
         }
     }
-    if !tables.has_budgets && ctx.key_reservation.is_none() {
-        // Nothing to count against.
-        return;
-    }
     let cost = match (usage, deployment.and_then(|d| d.price)) {
-        (Some(u), Some(p)) => cost_micro_usd(&p, u.prompt_tokens, u.completion_tokens),
+        (Some(u), Some(p)) => cost_micro_usd(
+            &p,
+            u.prompt_tokens,
+            u.cache_read_tokens,
+            u.completion_tokens,
+        ),
         _ => 0,
     };
+    if !tables.has_budgets && ctx.key_reservation.is_none() {
+        // Nothing to count against.
+        return cost;
+    }
     let now = now_s(ctx);
     if cost > 0 {
         if let Some(d) = deployment {
@@ -157,11 +163,12 @@ pub fn settle(ctx: &mut RequestCtx) {
         }
     }
     let Some(reservation) = ctx.key_reservation.take() else {
-        return;
+        return cost;
     };
     let Some(key) = key(ctx, &tables) else {
-        return;
+        return cost;
     };
     let used = usage.map(|u| u.prompt_tokens + u.completion_tokens);
     key.settle(reservation, now, used, cost);
+    cost
 }

@@ -88,8 +88,11 @@ pub fn begin(ctx: &mut RequestCtx) -> pingora_error::Result<Box<HttpPeer>> {
         provider,
         started: now,
         header_at: None,
+        status: None,
     });
     ctx.guard = Some(tables.health.begin(health_ref, target.probe));
+    // The deployment's request window (its `rpm`, its headroom), counted per call made.
+    deployment.requests.add(tables.health.shared.wall_s(), 1);
     ctx.status_outcome = None;
     ctx.retry_after = None;
     // What an earlier attempt's response set up does not carry over.

@@ -32,8 +32,9 @@ pub struct Attempt {
     pub target: Target,
     pub provider: ProviderIdx,
     pub started: Instant,
-    /// When the response header arrived.
+    /// When the response header arrived, and its status.
     pub header_at: Option<Instant>,
+    pub status: Option<u16>,
 }
 
 /// An attempt as the log and metrics see it once it ended.
@@ -43,6 +44,9 @@ pub struct AttemptRecord {
     /// Plan position and credential called.
     pub target: (usize, usize),
     pub outcome: Outcome,
+    /// The upstream's status, when a response header arrived.
+    pub status: Option<u16>,
+    pub started: Instant,
     pub ttfb: Option<Duration>,
     pub duration: Duration,
     /// Whether an attempt on another target followed (a failover; calling the same target
@@ -210,6 +214,8 @@ impl RequestCtx {
                 provider: a.provider,
                 target,
                 outcome,
+                status: a.status,
+                started: a.started,
                 ttfb,
                 duration,
                 followed: false,

@@ -1,6 +1,7 @@
 //! Accounting: the one place a request is counted. `logging` runs once per request, after the
-//! answer; it settles the last attempt's outcome, then records the metrics and writes the
-//! access line. Nothing on the request path counts anywhere else.
+//! answer; it settles the last attempt's outcome and the spend, then records the metrics,
+//! queues one ledger row per attempt and writes the access line. Nothing on the request path
+//! counts anywhere else.
 
 use std::fmt;
 use std::time::Duration;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use pingora_error::{Error, ErrorSource};
 
 use super::ctx::{AttemptRecord, RequestCtx};
+use crate::ledger::{Ledger, LedgerRow};
 use crate::metrics::{
     status_class_index, Metrics, TOKENS_CACHE_READ, TOKENS_CACHE_WRITE, TOKENS_COMPLETION,
     TOKENS_PROMPT,
@@ -17,14 +19,17 @@ use crate::routing::decide::Via;
 use crate::routing::plan::Plan;
 use crate::routing::Tables;
 
-/// Settle, count and log a finished request.
-pub fn emit(ctx: &mut RequestCtx, e: Option<&Error>, metrics: &Metrics) {
+/// Settle, count, record and log a finished request.
+pub fn emit(ctx: &mut RequestCtx, e: Option<&Error>, metrics: &Metrics, ledger: Option<&Ledger>) {
     settle_last_attempt(ctx, e);
-    super::access::settle(ctx);
+    let cost = super::access::settle(ctx);
     if ctx.in_flight {
         metrics.in_flight.dec();
     }
-    count(ctx);
+    count(ctx, cost);
+    if let Some(ledger) = ledger {
+        record(ctx, cost, ledger);
+    }
     access_line(ctx);
 }
 
@@ -57,7 +62,7 @@ fn settle_last_attempt(ctx: &mut RequestCtx, e: Option<&Error>) {
     ctx.finish_attempt(outcome);
 }
 
-fn count(ctx: &RequestCtx) {
+fn count(ctx: &RequestCtx, cost: u64) {
     let Some(tables) = ctx.tables.as_ref() else {
         return;
     };
@@ -70,6 +75,18 @@ fn count(ctx: &RequestCtx) {
         .inc(&[route, served_provider, status_class_index(ctx.status)]);
     if let (Some(usage), Some(served)) = (ctx.relay.signals().usage, ctx.served) {
         let p = served.provider.get();
+        let catalog = &tables.catalog;
+        // Ad-hoc deployments (`<provider>/<name>`) count under `direct`, after the models.
+        let model = ctx
+            .plan
+            .as_ref()
+            .and_then(|plan| plan.deployment(catalog, served.target.position))
+            .and_then(|d| d.model)
+            .map_or(catalog.models.len(), |m| m.get());
+        let key = ctx
+            .key
+            .and_then(|k| tables.keys.as_ref()?.get(k))
+            .map(|k| k.metric);
         for (kind, n) in [
             (TOKENS_PROMPT, usage.prompt_tokens),
             (TOKENS_COMPLETION, usage.completion_tokens),
@@ -77,7 +94,16 @@ fn count(ctx: &RequestCtx) {
             (TOKENS_CACHE_WRITE, usage.cache_write_tokens),
         ] {
             if n > 0 {
-                metrics.tokens.add(&[p, kind], n);
+                metrics.tokens.add(&[p, model, kind], n);
+                if let Some(k) = key {
+                    metrics.key_tokens.add(&[k, kind], n);
+                }
+            }
+        }
+        if cost > 0 {
+            metrics.spend.add(&[p, model], cost);
+            if let Some(k) = key {
+                metrics.key_spend.add(&[k], cost);
             }
         }
     }
@@ -116,6 +142,66 @@ fn count(ctx: &RequestCtx) {
                 pm.latency.observe(rec.duration.as_secs_f64());
             }
         }
+    }
+}
+
+/// One ledger row per attempt, the failed ones included; the serving attempt (always the last)
+/// carries the reported tokens and the cost. Only what a ledger needs is allocated, and only
+/// when one is configured.
+fn record(ctx: &RequestCtx, cost: u64, ledger: &Ledger) {
+    let Some(tables) = ctx.tables.as_ref() else {
+        return;
+    };
+    if ctx.log.is_empty() {
+        // Refused or answered by signalbox itself: no attempt, no row (DESIGN §8).
+        return;
+    }
+    let catalog = &tables.catalog;
+    let key = ctx
+        .key
+        .and_then(|k| tables.keys.as_ref().and_then(|keys| keys.get(k)));
+    let route = tables.route(ctx.route.unwrap_or(tables.unresolved));
+    let request_id: Box<str> = ctx.request_id.to_str().unwrap_or("").into();
+    let now = std::time::Instant::now();
+    let wall_ms = ctx.router.as_ref().map_or(0, |r| r.health.wall_ms());
+    let usage = ctx.relay.signals().usage.filter(|_| ctx.served.is_some());
+    let last = ctx.log.len() - 1;
+    let direct: std::sync::Arc<str> = std::sync::Arc::from("direct");
+    for (i, rec) in ctx.log.iter().enumerate() {
+        let provider = catalog.provider(rec.provider);
+        let (position, credential) = rec.target;
+        let deployment = ctx
+            .plan
+            .as_ref()
+            .and_then(|p| p.deployment(catalog, position));
+        let served = i == last && ctx.served.is_some();
+        let ago = now.saturating_duration_since(rec.started);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
+        let time_ms = wall_ms.saturating_sub(ago.as_millis() as u64) as i64;
+        ledger.record(LedgerRow {
+            request_id: request_id.clone(),
+            attempt: u32::try_from(i + 1).unwrap_or(u32::MAX),
+            time_ms,
+            key_id: key.map(|k| k.id.clone()),
+            user: key.and_then(|k| k.user.clone()),
+            route: route.label.clone(),
+            provider: provider.id.clone(),
+            model: deployment
+                .and_then(|d| d.model)
+                .map_or_else(|| direct.clone(), |m| catalog.model(m).name.clone()),
+            upstream_model: deployment.map_or_else(|| direct.clone(), |d| d.upstream_model.clone()),
+            credential: provider
+                .credentials
+                .get(credential)
+                .map_or_else(|| direct.clone(), |c| c.id.clone()),
+            outcome: rec.outcome.as_str(),
+            status: rec.status,
+            prompt_tokens: usage.filter(|_| served).map_or(0, |u| u.prompt_tokens),
+            completion_tokens: usage.filter(|_| served).map_or(0, |u| u.completion_tokens),
+            cost_micro_usd: if served { cost } else { 0 },
+            ttfb_ms: rec.ttfb.map(millis),
+            duration_ms: millis(rec.duration),
+        });
     }
 }
 

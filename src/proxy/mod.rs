@@ -50,6 +50,7 @@ use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use self::ctx::RequestCtx;
+use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 use crate::routing::Router;
 
@@ -59,14 +60,22 @@ pub struct Gateway {
     metrics: Arc<Metrics>,
     /// The hold path's upstream connections (the fast path uses Pingora's own).
     connector: Arc<Connector>,
+    /// Where every attempt is recorded (`ledger`), when configured.
+    ledger: Option<Arc<Ledger>>,
 }
 
 impl Gateway {
-    pub fn new(router: Arc<Router>, metrics: Arc<Metrics>, connector: Arc<Connector>) -> Self {
+    pub fn new(
+        router: Arc<Router>,
+        metrics: Arc<Metrics>,
+        connector: Arc<Connector>,
+        ledger: Option<Arc<Ledger>>,
+    ) -> Self {
         Self {
             router,
             metrics,
             connector,
+            ledger,
         }
     }
 }
@@ -194,7 +203,7 @@ impl ProxyHttp for Gateway {
     where
         Self::CTX: Send + Sync,
     {
-        emit::emit(ctx, e, &self.metrics);
+        emit::emit(ctx, e, &self.metrics, self.ledger.as_deref());
     }
 
     fn suppress_error_log(&self, _session: &Session, _ctx: &Self::CTX, _error: &Error) -> bool {

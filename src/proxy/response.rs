@@ -38,6 +38,7 @@ pub fn on_upstream_header(
     }
     if let Some(a) = ctx.current.as_mut() {
         a.header_at = Some(Instant::now());
+        a.status = Some(status);
     }
     rest_exhausted_credential(ctx, upstream_response);
     match retry::classify_status(status) {

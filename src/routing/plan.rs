@@ -560,8 +560,8 @@ impl Plan {
         if let Some(rpm) = rpm {
             // The window is read, not reserved: concurrent requests can overshoot it by the
             // few that read it at once.
-            if h.requests.last_minute(env.now_ms) >= rpm {
-                let frees = h.requests.frees_at(env.now_ms);
+            if let Err(frees_s) = d.requests.check(env.wall_s, u64::from(rpm), 1) {
+                let frees = env.now_ms.saturating_add(frees_s.saturating_mul(1_000));
                 self.rpm_frees_ms = Some(self.rpm_frees_ms.map_or(frees, |s| s.min(frees)));
                 return Err(SkipReason::RpmFull);
             }
@@ -601,7 +601,7 @@ impl Plan {
             return None;
         }
         let estimate = d.price.map_or(0, |price| {
-            cost_micro_usd(&price, self.facts.input_tokens, self.facts.output_tokens)
+            cost_micro_usd(&price, self.facts.input_tokens, 0, self.facts.output_tokens)
         });
         [(d.budget, &d.spend), (p.budget, &p.spend)]
             .into_iter()

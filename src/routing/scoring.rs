@@ -15,7 +15,8 @@
 //! - speed: 0.7 × fastest TTFB / this TTFB + 0.3 × this throughput / best throughput, each
 //!   0.5 when unknown;
 //! - capability: the model's tier / the best tier among the candidates;
-//! - headroom: 1 below 80 % of the deployment's `rpm`, falling linearly to 0.1 at 100 %;
+//! - headroom: 1 below 80 % of the fuller of the deployment's `rpm`/`tpm` windows (other
+//!   replicas' counts included when state is shared), falling linearly to 0.1 at 100 %;
 //! - rate-limit factor: 0.5 right after a 429 on its credential, back to 1 over a minute.
 
 use std::cmp::Ordering;
@@ -64,15 +65,14 @@ pub fn facts(
     now_ms: u64,
     tokens: (u64, u64),
 ) -> Vec<Facts> {
+    let wall_s = health.shared.wall_s();
     candidates
         .iter()
         .map(|&idx| {
             let d = catalog.deployment(idx);
             let capability = d.model.map_or(1, |m| catalog.model(m).capability);
             let view = health.deployment_view(catalog, idx, now_ms);
-            let headroom = d.rpm.map_or(1.0, |rpm| {
-                headroom_factor(health.requests_last_minute(idx, now_ms), rpm)
-            });
+            let headroom = headroom_factor(window_use(d, wall_s));
             Facts {
                 idx,
                 priority: d.priority,
@@ -85,8 +85,19 @@ pub fn facts(
         .collect()
 }
 
-pub fn headroom_factor(used: u32, rpm: u32) -> f64 {
-    let u = f64::from(used) / f64::from(rpm.max(1));
+/// The share of the fuller of a deployment's windows in use (`rpm` requests, `tpm` tokens,
+/// as this replica sees them, other replicas' counts included): 0 when it has no limits.
+pub fn window_use(d: &Deployment, wall_s: u64) -> f64 {
+    let rpm = d
+        .rpm
+        .map_or(0.0, |l| 1.0 - d.requests.headroom(wall_s, u64::from(l)));
+    let tpm = d.tpm.map_or(0.0, |l| 1.0 - d.tokens.headroom(wall_s, l));
+    rpm.max(tpm)
+}
+
+/// The headroom factor of a window `u` in use (0 to 1): 1 below 80 %, falling linearly to
+/// 0.1 at 100 %.
+pub fn headroom_factor(u: f64) -> f64 {
     if u < 0.8 {
         1.0
     } else {
@@ -354,8 +365,46 @@ models:
             order(&k, Strategy::Balanced, Weights::BALANCED),
             ["b", "m", "s"]
         );
-        assert!((headroom_factor(0, 100) - 1.0).abs() < 1e-9);
-        assert!((headroom_factor(90, 100) - 0.55).abs() < 1e-9);
-        assert!((headroom_factor(500, 100) - 0.1).abs() < 1e-9);
+        assert!((headroom_factor(0.0) - 1.0).abs() < 1e-9);
+        assert!((headroom_factor(0.9) - 0.55).abs() < 1e-9);
+        assert!((headroom_factor(1.0) - 0.1).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_nearly_full_window_lowers_the_headroom_factor() {
+        let k = Fixture::new(
+            r#"
+providers:
+  a: { kind: openai, base_url: "http://127.0.0.1:1/v1" }
+  c: { kind: openai, base_url: "http://127.0.0.1:3/v1" }
+models:
+  mid: { capability: 3, deployments: [{ provider: a, model: m, tpm: 1000 }] }
+  big: { capability: 5, deployments: [{ provider: c, model: b, rpm: 10 }] }
+"#,
+        );
+        let w = Weights::BALANCED;
+        assert_eq!(order(&k, Strategy::Balanced, w), ["b", "m"]);
+        let wall = k.shared.wall_s();
+        let big = k
+            .catalog
+            .deployments
+            .iter()
+            .find(|d| &*d.upstream_model == "b");
+        let big = big.expect("deployment b");
+        // 10 of b's 10 requests a minute used: its factor falls to 0.1 and m leads.
+        big.requests.add(wall, 10);
+        assert_eq!(order(&k, Strategy::Balanced, w), ["m", "b"]);
+        // The tokens window counts the same way: m at 950 of 1000 tokens (factor 0.325) is
+        // still ahead of b at 0.1, and behind it again once b's window has room.
+        let mid = k
+            .catalog
+            .deployments
+            .iter()
+            .find(|d| &*d.upstream_model == "m");
+        mid.expect("deployment m").tokens.add(wall, 950);
+        assert_eq!(order(&k, Strategy::Balanced, w), ["m", "b"]);
+        big.requests.sub(wall, 10);
+        assert_eq!(order(&k, Strategy::Balanced, w), ["b", "m"]);
+        assert!((window_use(big, wall)).abs() < 1e-9);
     }
 }

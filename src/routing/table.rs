@@ -228,6 +228,11 @@ impl Tables {
                 .iter()
                 .map(|r| Arc::from(r.as_str()))
                 .collect(),
+            models: catalog.models.iter().map(|m| m.name.clone()).collect(),
+            keys: match (&config.keys, config.metrics_per_key) {
+                (Some(keys), true) => keys.iter().map(|k| Arc::from(k.id.as_str())).collect(),
+                _ => Vec::new(),
+            },
         };
         let bound = metrics.bind(&labels);
         let routes = b.routes;

@@ -19,7 +19,8 @@
 //! - `routing.rs`: `routing`, the ranking knobs;
 //! - `server.rs`: `listen` and `pingora`, the server process;
 //! - `log.rs`: `log`, how signalbox writes its log;
-//! - `keys.rs`: `keys`, who may call and what each key may use and spend.
+//! - `keys.rs`: `keys`, who may call and what each key may use and spend;
+//! - `storage.rs`: `ledger`, `state` and `metrics`, where usage and shared counters live.
 
 mod admin;
 mod failover;
@@ -33,6 +34,7 @@ mod providers;
 mod routing;
 mod rules;
 mod server;
+mod storage;
 
 use super::schema::ConfigFile;
 use super::types::Config;
@@ -93,6 +95,14 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
         .keys
         .as_ref()
         .map(|k| keys::validate_keys(k, &mut errs));
+    let ledger = file
+        .ledger
+        .as_ref()
+        .and_then(|l| storage::validate_ledger(l, &mut errs));
+    let state = file
+        .state
+        .as_ref()
+        .and_then(|s| storage::validate_state(s, &mut errs));
 
     if !errs.is_empty() {
         return Err(ConfigErrors(errs));
@@ -119,5 +129,8 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
         keys,
         global_budget,
         user_budgets,
+        ledger,
+        state,
+        metrics_per_key: file.metrics.per_key,
     })
 }

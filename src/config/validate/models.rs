@@ -153,10 +153,14 @@ fn validate_deployment(
     let price = d.price.map(|p| Price {
         input_per_mtok: p.input_per_mtok,
         output_per_mtok: p.output_per_mtok,
+        cached_input_per_mtok: p.cached_input_per_mtok,
     });
     if let Some(p) = price {
         let ok = |v: f64| v.is_finite() && v >= 0.0;
-        if !ok(p.input_per_mtok) || !ok(p.output_per_mtok) {
+        if !ok(p.input_per_mtok)
+            || !ok(p.output_per_mtok)
+            || !p.cached_input_per_mtok.is_none_or(ok)
+        {
             errs.push(ConfigError::new(
                 format!("{path}.price"),
                 "prices must be finite and not negative",

@@ -1,0 +1,160 @@
+//! `GET /admin/usage?by=key|user|model|provider&since=…&until=…`: the ledger's aggregates.
+//!
+//! `since` (inclusive) and `until` (exclusive) are RFC 3339 instants (`2026-12-01T00:00:00Z`)
+//! or unix seconds; both optional. Answered by the ledger's writer after the rows queued
+//! before the call, so a request that finished is counted.
+
+use http::Response;
+use serde_json::json;
+
+use super::{error, json};
+use crate::ledger::{rfc3339_ms, Ledger, UsageBy, UsageQuery};
+
+pub async fn handle(ledger: Option<&Ledger>, query: Option<&str>) -> Response<Vec<u8>> {
+    let Some(ledger) = ledger else {
+        return error(
+            404,
+            "ledger_not_configured",
+            "no ledger is configured (the `ledger` section): usage is not recorded",
+        );
+    };
+    let mut by = UsageBy::Provider;
+    let (mut since_ms, mut until_ms) = (None, None);
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "by" => match UsageBy::parse(v) {
+                Some(b) => by = b,
+                None => {
+                    return error(
+                        400,
+                        "invalid_request",
+                        "`by` is one of key, user, model, provider",
+                    )
+                }
+            },
+            "since" | "until" => {
+                let Some(ms) = parse_instant(v) else {
+                    return error(
+                        400,
+                        "invalid_request",
+                        &format!(
+                            "`{k}` is an RFC 3339 instant (2026-12-01T00:00:00Z) or unix seconds"
+                        ),
+                    );
+                };
+                if k == "since" {
+                    since_ms = Some(ms);
+                } else {
+                    until_ms = Some(ms);
+                }
+            }
+            _ => {
+                return error(
+                    400,
+                    "invalid_request",
+                    "usage takes `by`, `since` and `until`",
+                )
+            }
+        }
+    }
+    let q = UsageQuery {
+        by,
+        since_ms,
+        until_ms,
+    };
+    match ledger.usage(q).await {
+        Ok(rows) => {
+            let cost: f64 = rows.iter().map(|r| r.cost_usd).sum();
+            json(
+                200,
+                &json!({
+                    "by": by.as_str(),
+                    "since": since_ms.map(rfc3339_ms),
+                    "until": until_ms.map(rfc3339_ms),
+                    "backend": ledger.backend(),
+                    "total_cost_usd": cost,
+                    "groups": rows,
+                }),
+            )
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "usage query failed");
+            error(503, "ledger_unavailable", "the ledger could not be read")
+        }
+    }
+}
+
+/// Unix milliseconds of `2026-12-01T08:00:00Z` (fractions and `+hh:mm` offsets allowed) or
+/// of unix seconds.
+fn parse_instant(v: &str) -> Option<i64> {
+    let v = v
+        .replace("%3A", ":")
+        .replace("%3a", ":")
+        .replace("%2B", "+");
+    if let Ok(secs) = v.parse::<i64>() {
+        return secs.checked_mul(1000);
+    }
+    parse_rfc3339(&v)
+}
+
+fn parse_rfc3339(v: &str) -> Option<i64> {
+    let b = v.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| v.get(r)?.parse::<i64>().ok();
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
+        return None;
+    }
+    let mut rest = &v[19..];
+    let mut ms = 0;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+        let f = &frac[..digits];
+        ms = format!("{f:0<3}").get(..3)?.parse::<i64>().ok()?;
+        rest = &frac[digits..];
+    }
+    let offset_s = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let sign = match rest.as_bytes().first()? {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            let oh = rest.get(1..3)?.parse::<i64>().ok()?;
+            let om = rest.get(4..6)?.parse::<i64>().ok()?;
+            sign * (oh * 3600 + om * 60)
+        }
+    };
+    #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
+    let days = crate::limits::budget::days_from_civil(y, mo as u32, d as u32);
+    Some(((days * 86_400 + h * 3600 + mi * 60 + s - offset_s) * 1000) + ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instants_parse_as_rfc3339_or_unix_seconds() {
+        assert_eq!(parse_instant("1796126400"), Some(1_796_126_400_000));
+        assert_eq!(
+            parse_instant("2026-12-01T12:00:00Z"),
+            Some(1_796_126_400_000)
+        );
+        assert_eq!(
+            parse_instant("2026-12-01T13:00:00.25%2B01:00"),
+            Some(1_796_126_400_250)
+        );
+        assert_eq!(
+            parse_instant("2026-12-01T12%3A00%3A00Z"),
+            Some(1_796_126_400_000)
+        );
+        assert_eq!(parse_instant("yesterday"), None);
+        assert_eq!(parse_instant("2026-13-01T00:00:00Z"), None);
+    }
+}

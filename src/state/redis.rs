@@ -1,0 +1,258 @@
+//! The shared state on Redis: one pipelined round trip per sync round.
+//!
+//! Layout (every key under `state.key_prefix`):
+//! - `epoch`: a random value set once (`SET NX`); a replica that sees it change knows the
+//!   store lost its data and pushes all its counts again;
+//! - `w:<counter>`: a hash of second → count for each rpm/tpm window; a Lua script adds the
+//!   deltas, drops seconds older than a minute and returns the live ones, atomically;
+//! - `s:<counter>:<period>:<index>`: the micro-USD spent in one budget period (`INCRBY`, with
+//!   an expiry past the period's end);
+//! - `cooldowns`: a hash of identity → until (unix ms); a Lua script keeps the later of two
+//!   untils, drops the past ones and returns the rest.
+//!
+//! The URL (it may hold a password) is never logged: errors name their kind only.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, Value};
+
+use super::{Pulled, Push, StateBackend, StateError};
+
+/// Add per-second deltas to a window's hash, expire dead seconds, return the live ones.
+const WINDOW_SCRIPT: &str = r"
+local now = tonumber(ARGV[1])
+for i = 2, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local s = tonumber(all[i])
+  if now - s >= 60 or s - now > 60 then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    out[#out + 1] = s
+    out[#out + 1] = tonumber(all[i + 1])
+  end
+end
+redis.call('EXPIRE', KEYS[1], 120)
+return out
+";
+
+/// Add to a period's spend (with its expiry) and return the total.
+const SPEND_SCRIPT: &str = r"
+local total = redis.call('INCRBY', KEYS[1], ARGV[1])
+if tonumber(ARGV[2]) > 0 then
+  redis.call('EXPIRE', KEYS[1], ARGV[2])
+end
+return total
+";
+
+/// Publish cooldowns (the later until wins), drop past ones, return the live ones.
+const COOLDOWN_SCRIPT: &str = r"
+local now = tonumber(ARGV[1])
+for i = 2, #ARGV, 2 do
+  local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
+  if tonumber(ARGV[i + 1]) > cur then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  if tonumber(all[i + 1]) <= now then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    out[#out + 1] = all[i]
+    out[#out + 1] = all[i + 1]
+  end
+end
+return out
+";
+
+/// A Redis server as the replicas' meeting point.
+pub struct RedisBackend {
+    client: Client,
+    prefix: String,
+    timeout: Duration,
+    conn: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+    /// This replica's candidate epoch, if it is the one to create it.
+    epoch: String,
+}
+
+impl RedisBackend {
+    /// A backend for `url` (not connected yet: the first round connects, and a failed round
+    /// reconnects on the next).
+    pub fn new(url: &str, prefix: &str, timeout: Duration) -> Result<Self, StateError> {
+        let client = Client::open(url)
+            .map_err(|e| StateError::Backend(format!("invalid Redis URL ({:?})", e.kind())))?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Ok(Self {
+            client,
+            prefix: prefix.to_string(),
+            timeout,
+            conn: tokio::sync::Mutex::new(None),
+            epoch: format!("{nanos:x}-{}", std::process::id()),
+        })
+    }
+
+    async fn connection(&self) -> Result<MultiplexedConnection, StateError> {
+        let mut slot = self.conn.lock().await;
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(self.timeout)
+            .set_response_timeout(self.timeout);
+        let c = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(describe)?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    async fn forget_connection(&self) {
+        *self.conn.lock().await = None;
+    }
+}
+
+/// A Redis error in words that never carry the URL.
+fn describe(e: redis::RedisError) -> StateError {
+    if e.is_timeout() {
+        return StateError::Timeout;
+    }
+    StateError::Backend(format!(
+        "{:?}{}",
+        e.kind(),
+        e.detail().map(|d| format!(": {d}")).unwrap_or_default()
+    ))
+}
+
+fn malformed(what: &str) -> StateError {
+    StateError::Backend(format!("unexpected reply to {what}"))
+}
+
+fn int(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(n) => u64::try_from(*n).ok().or(Some(0)),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn pairs(v: &Value) -> Option<&[Value]> {
+    match v {
+        Value::Array(items) if items.len() % 2 == 0 => Some(items),
+        _ => None,
+    }
+}
+
+#[async_trait]
+impl StateBackend for RedisBackend {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn exchange(&self, push: &Push) -> Result<Pulled, StateError> {
+        let mut conn = self.connection().await?;
+        let p = &self.prefix;
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(format!("{p}epoch"))
+            .arg(&self.epoch)
+            .arg("NX");
+        pipe.cmd("GET").arg(format!("{p}epoch"));
+        for (name, deltas) in &push.windows {
+            let cmd = pipe
+                .cmd("EVAL")
+                .arg(WINDOW_SCRIPT)
+                .arg(1)
+                .arg(format!("{p}{name}"))
+                .arg(push.now_s);
+            for (s, d) in deltas {
+                cmd.arg(*s).arg(*d);
+            }
+        }
+        for (name, ttl, delta) in &push.spends {
+            pipe.cmd("EVAL")
+                .arg(SPEND_SCRIPT)
+                .arg(1)
+                .arg(format!("{p}{name}"))
+                .arg(*delta)
+                .arg(ttl.map_or(0, |t| t.as_secs()));
+        }
+        let cmd = pipe
+            .cmd("EVAL")
+            .arg(COOLDOWN_SCRIPT)
+            .arg(1)
+            .arg(format!("{p}cooldowns"))
+            .arg(push.now_ms);
+        for (id, until) in &push.cooldowns {
+            cmd.arg(id).arg(*until);
+        }
+        let replies: Vec<Value> = match pipe.query_async(&mut conn).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.forget_connection().await;
+                return Err(describe(e));
+            }
+        };
+        let expected = 3 + push.windows.len() + push.spends.len();
+        if replies.len() != expected {
+            return Err(malformed("the pipeline"));
+        }
+        let mut it = replies.iter();
+        let fresh = matches!(it.next(), Some(Value::Okay));
+        let epoch = it
+            .next()
+            .and_then(text)
+            .ok_or_else(|| malformed("GET epoch"))?;
+        let mut out = Pulled {
+            epoch,
+            fresh,
+            ..Pulled::default()
+        };
+        for _ in &push.windows {
+            let items = it
+                .next()
+                .and_then(pairs)
+                .ok_or_else(|| malformed("a window"))?;
+            let live = items
+                .chunks_exact(2)
+                .filter_map(|c| Some((int(&c[0])?, int(&c[1])?)))
+                .collect();
+            out.windows.push(live);
+        }
+        for _ in &push.spends {
+            let total = it
+                .next()
+                .and_then(int)
+                .ok_or_else(|| malformed("a spend"))?;
+            out.spends.push(total);
+        }
+        let items = it
+            .next()
+            .and_then(pairs)
+            .ok_or_else(|| malformed("the cooldowns"))?;
+        out.cooldowns = items
+            .chunks_exact(2)
+            .filter_map(|c| Some((text(&c[0])?, int(&c[1])?)))
+            .collect();
+        Ok(out)
+    }
+}

@@ -1,0 +1,248 @@
+//! Shared state across replicas on a real `redis-server`: two gateways share one key's rpm
+//! window, an ejection decided by one is honoured by the other, and a Redis that goes away
+//! leaves each replica serving on its own counters (one log line, `state_backend_up 0`) until
+//! it is back, when the counts are pushed again.
+//!
+//! Needs `redis-server` on the PATH (`.ci/run` installs Debian's); without it the tests say so
+//! and pass. Replicas agree after sync rounds, which the tests wait for through
+//! `signalbox_state_syncs_total` (a round that pushed, then a round of the other that pulled).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+
+const KEY: &str = "sk-state-client-0123456789";
+
+struct Redis {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Redis {
+    fn start() -> Option<Self> {
+        if Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            eprintln!("skipped: redis-server is not installed");
+            return None;
+        }
+        let mut r = Self {
+            port: free_port(),
+            child: None,
+        };
+        r.restart();
+        Some(r)
+    }
+
+    /// Start (again) on the same port, empty: no persistence.
+    fn restart(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.pong() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn pong(&self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+        let mut buf = [0u8; 7];
+        s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn config(
+    a: &signalbox_mock::MockHandle,
+    b: &signalbox_mock::MockHandle,
+    key_extra: &str,
+) -> String {
+    format!(
+        "providers:\n{}{}models:\n  m:\n    strategy: priority\n    failure_threshold: 1\n    deployments: [{{ provider: a, model: up-a, priority: 1 }}, {{ provider: b, model: up-b, priority: 2 }}]\nhealth: {{ cooldown: 5m, probe_interval: 1h, bench_after: 0 }}\nkeys:\n  - {{ id: shared, key_sha256: \"{}\"{key_extra} }}\nstate: {{ redis_url_env: SB_TEST_REDIS_URL, sync_interval: 100ms }}\n",
+        provider("a", a),
+        provider("b", b),
+        sha256_hex(KEY.as_bytes()),
+    )
+}
+
+fn replica(cfg: &str, redis: &Redis) -> Gateway {
+    GatewayBuilder::new(cfg)
+        .env("SB_TEST_REDIS_URL", &redis.url())
+        .start()
+}
+
+async fn post(gw: &Gateway) -> reqwest::Response {
+    client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A sample of `/metrics`, 0 when absent.
+async fn sample(gw: &Gateway, series: &str) -> u64 {
+    let m = gw.metrics().await;
+    m.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+const SYNCS_OK: &str = r#"signalbox_state_syncs_total{result="ok"}"#;
+const SYNCS_FAILED: &str = r#"signalbox_state_syncs_total{result="failed"}"#;
+
+/// Wait until `gw` completed `rounds` more sync rounds with this result.
+async fn rounds(gw: &Gateway, series: &str, rounds: u64) {
+    let start = sample(gw, series).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while sample(gw, series).await < start + rounds {
+        assert!(Instant::now() < deadline, "no sync round: {}", gw.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `first` pushed what it counted, then `second` pulled it.
+async fn agree(first: &Gateway, second: &Gateway) {
+    rounds(first, SYNCS_OK, 2).await;
+    rounds(second, SYNCS_OK, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_replicas_share_one_keys_rpm_window() {
+    let Some(redis) = Redis::start() else { return };
+    let a = mock("a").await;
+    let b = mock("b").await;
+    let cfg = config(&a, &b, ", rpm: 3");
+    let one = replica(&cfg, &redis);
+    let two = replica(&cfg, &redis);
+    assert_eq!(post(&one).await.status(), 200);
+    assert_eq!(post(&one).await.status(), 200);
+    agree(&one, &two).await;
+    // Replica two has seen one's two requests: one more fits, then the window is full.
+    assert_eq!(post(&two).await.status(), 200);
+    let r = post(&two).await;
+    assert_eq!(r.status(), 429);
+    assert!(header(&r, "retry-after").parse::<u64>().unwrap() >= 1);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "rate_limited");
+    agree(&two, &one).await;
+    assert_eq!(post(&one).await.status(), 429, "and replica one sees two's");
+    assert_eq!(a.calls(), 3, "refused requests made no upstream call");
+    assert_eq!(sample(&one, "signalbox_state_backend_up").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ejection_on_one_replica_is_skipped_by_the_other() {
+    let Some(redis) = Redis::start() else { return };
+    let a = mock("a").await;
+    a.set_default(status(500));
+    let b = mock("b").await;
+    let cfg = config(&a, &b, "");
+    let one = replica(&cfg, &redis);
+    let two = replica(&cfg, &redis);
+    let r = post(&one).await;
+    assert_eq!(header(&r, "x-llm-provider"), "b");
+    assert_eq!(a.calls(), 1, "a failed once: ejected on replica one");
+    agree(&one, &two).await;
+    let health: Value = client()
+        .get(format!("http://{}/admin/health", two.admin))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let target = health["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["provider"] == "a")
+        .unwrap();
+    assert_eq!(target["state"], "ejected", "{target}");
+    let r = post(&two).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-llm-provider"), "b");
+    assert_eq!(
+        header(&r, "x-llm-attempts"),
+        "1",
+        "a skipped without a call"
+    );
+    assert_eq!(a.calls(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replica_serves_alone_while_redis_is_away_and_resyncs_when_it_returns() {
+    let Some(mut redis) = Redis::start() else {
+        return;
+    };
+    let a = mock("a").await;
+    let b = mock("b").await;
+    let cfg = config(&a, &b, ", rpm: 2");
+    let one = replica(&cfg, &redis);
+    rounds(&one, SYNCS_OK, 1).await;
+    redis.stop();
+    rounds(&one, SYNCS_FAILED, 3).await;
+    assert_eq!(sample(&one, "signalbox_state_backend_up").await, 0);
+    // Nothing blocks or fails for it: the key's own window still counts, locally.
+    let started = Instant::now();
+    assert_eq!(post(&one).await.status(), 200);
+    assert_eq!(post(&one).await.status(), 200);
+    assert_eq!(post(&one).await.status(), 429, "the local window holds");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let log = one.stderr();
+    assert_eq!(
+        log.matches("shared state backend unreachable").count(),
+        1,
+        "logged once: {log}"
+    );
+    assert!(!log.contains(&redis.url()), "the URL is never logged");
+
+    // Back, empty: the replica pushes what it counted meanwhile.
+    redis.restart();
+    rounds(&one, SYNCS_OK, 2).await;
+    assert_eq!(sample(&one, "signalbox_state_backend_up").await, 1);
+    assert!(one.stderr().contains("reachable again"));
+    let two = replica(&cfg, &redis);
+    rounds(&two, SYNCS_OK, 2).await;
+    let r = post(&two).await;
+    assert_eq!(
+        r.status(),
+        429,
+        "replica two sees the two requests one made alone"
+    );
+}

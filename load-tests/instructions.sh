@@ -16,6 +16,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${1:-$REPO/target/release}"
 N=2000
+EXTRA="${SB_EXTRA_CONFIG:-}"
 W="$(mktemp -d /tmp/sb-instr.XXXXXX)"
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; sleep 0.5; kill -9 "${pids[@]}" 2>/dev/null || true; }
@@ -60,7 +61,7 @@ providers:
 models:
   lt-model: { deployments: [{ provider: p, model: lt-upstream-model }] }
 aliases: { lt: lt-model }
-${SB_EXTRA_CONFIG//@TMP@/$W}
+${EXTRA//@TMP@/$W}
 EOC
 LT_KEY=sk-upstream RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$W/signalbox.%p" \
   "$BIN/signalbox" -c "$W/signalbox.yaml" > "$W/signalbox.log" 2>&1 &

@@ -342,6 +342,12 @@ impl Reloader {
         if previous.doc.get("pingora") != loaded.doc.get("pingora") {
             needs_upgrade.push("pingora");
         }
+        // Opened at start: the ledger's store and the shared state's backend.
+        for section in ["ledger", "state"] {
+            if previous.doc.get(section) != loaded.doc.get(section) {
+                needs_upgrade.push(section);
+            }
+        }
         let generation = built.tables.generation;
         self.router.tables.store(Arc::new(built.tables));
         self.router.rerank();

@@ -30,8 +30,12 @@
 //! - [`proxy`]: doing — the `ProxyHttp` implementation, one room per concern: intake,
 //!   access (the caller's key), planning, the attempt, the hold path, the response, the
 //!   failure decision, accounting.
-//! - [`metrics`], [`admin`]: Prometheus metrics (request and health families) and the admin
-//!   listener.
+//! - [`ledger`]: one row per attempt on SQLite or PostgreSQL, written by a background thread
+//!   from a bounded queue, and the aggregates read back (admin usage, spend at start).
+//! - [`state`]: counters and cooldowns shared across replicas (Redis, or in process), synced
+//!   in the background; the request path only reads its own counters.
+//! - [`metrics`], [`admin`]: Prometheus metrics (request, health and ledger families) and the
+//!   admin listener.
 //! - [`dns`]: background re-resolution of provider hosts; [`periodic`]: the loop background
 //!   passes share.
 //! - [`reload`]: a new config validated, built into a snapshot (health carried over) and

@@ -199,6 +199,13 @@ impl Store {
                 if config.get_connect_timeout().is_none() {
                     config.connect_timeout(Duration::from_secs(10));
                 }
+                // A statement stuck on the server (a lock, an overloaded disk) fails after
+                // 30 s instead of holding the writer; a peer gone silent is found by keepalives.
+                if config.get_options().is_none() {
+                    config.options("-c statement_timeout=30000");
+                }
+                config.keepalives(true);
+                config.keepalives_idle(Duration::from_secs(30));
                 let mut pg = Pg {
                     config,
                     client: None,

@@ -88,14 +88,29 @@ pub async fn handle(ledger: Option<&Ledger>, query: Option<&str>) -> Response<Ve
 /// Unix milliseconds of `2026-12-01T08:00:00Z` (fractions and `+hh:mm` offsets allowed) or
 /// of unix seconds.
 fn parse_instant(v: &str) -> Option<i64> {
-    let v = v
-        .replace("%3A", ":")
-        .replace("%3a", ":")
-        .replace("%2B", "+");
+    let v = percent_decoded(v)?;
     if let Ok(secs) = v.parse::<i64>() {
         return secs.checked_mul(1000);
     }
     parse_rfc3339(&v)
+}
+
+/// A query value with its `%XX` escapes decoded (`None`: a broken escape or not UTF-8).
+fn percent_decoded(v: &str) -> Option<String> {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 fn parse_rfc3339(v: &str) -> Option<i64> {
@@ -155,6 +170,11 @@ mod tests {
             Some(1_796_126_400_000)
         );
         assert_eq!(parse_instant("yesterday"), None);
+        assert_eq!(
+            parse_instant("2026-12-01T12:00:00%Z"),
+            None,
+            "a broken escape"
+        );
         assert_eq!(parse_instant("2026-13-01T00:00:00Z"), None);
     }
 }

@@ -166,7 +166,10 @@ fn record(ctx: &RequestCtx, cost: u64, ledger: &Ledger) {
     let wall_ms = ctx.router.as_ref().map_or(0, |r| r.health.wall_ms());
     let usage = ctx.relay.signals().usage.filter(|_| ctx.served.is_some());
     let last = ctx.log.len() - 1;
-    let direct: std::sync::Arc<str> = std::sync::Arc::from("direct");
+    // Shared, not allocated per row: what a row names when the catalog has no such record.
+    static DIRECT: std::sync::LazyLock<std::sync::Arc<str>> =
+        std::sync::LazyLock::new(|| std::sync::Arc::from("direct"));
+    let direct = &*DIRECT;
     for (i, rec) in ctx.log.iter().enumerate() {
         let provider = catalog.provider(rec.provider);
         let (position, credential) = rec.target;

@@ -404,24 +404,23 @@ impl StateSync {
     pub async fn sync_once(&self) -> Result<(), StateError> {
         let mut round = self.round.lock().await;
         let tables = self.router.tables.load_full();
+        let shared = &self.router.health;
+        let now_s = shared.wall_s();
+        let wall_ms = shared.wall_ms();
+        let mono_ms = shared.now_ms();
+        let counters = counters(&tables);
+        let coolings = coolings(&tables);
         if round.epoch.is_none() {
             // First contact. Spend rebuilt from the ledger at start is marked as already in the
             // store: a store that lived on holds it. A new (empty) store is told everything.
             let hello = Push {
-                now_s: self.router.health.wall_s(),
-                now_ms: self.router.health.wall_ms(),
+                now_s,
+                now_ms: wall_ms,
                 ..Push::default()
             };
-            let answer =
-                match tokio::time::timeout(self.timeout, self.backend.exchange(&hello)).await {
-                    Ok(Ok(a)) => a,
-                    Ok(Err(e)) => return Err(self.down(&mut round, &counters(&tables), e)),
-                    Err(_) => {
-                        return Err(self.down(&mut round, &counters(&tables), StateError::Timeout))
-                    }
-                };
+            let answer = self.call(&mut round, &counters, &hello).await?;
             if answer.fresh {
-                for c in counters(&tables) {
+                for c in &counters {
                     if let Some((_, _, s)) = c.spend() {
                         s.forget_pushed();
                     }
@@ -429,12 +428,6 @@ impl StateSync {
             }
             round.epoch = Some(answer.epoch);
         }
-        let shared = &self.router.health;
-        let now_s = shared.wall_s();
-        let wall_ms = shared.wall_ms();
-        let mono_ms = shared.now_ms();
-        let counters = counters(&tables);
-        let coolings = coolings(&tables);
 
         let mut push = Push {
             now_s,
@@ -467,11 +460,7 @@ impl StateSync {
             }
         }
 
-        let answer = match tokio::time::timeout(self.timeout, self.backend.exchange(&push)).await {
-            Ok(Ok(pulled)) => pulled,
-            Ok(Err(e)) => return Err(self.down(&mut round, &counters, e)),
-            Err(_) => return Err(self.down(&mut round, &counters, StateError::Timeout)),
-        };
+        let answer = self.call(&mut round, &counters, &push).await?;
         // The pushes landed: in a store that lived on, or in a new one (a new epoch).
         let lost = round.epoch.as_ref().is_some_and(|e| *e != answer.epoch);
         round.epoch = Some(answer.epoch.clone());
@@ -527,6 +516,20 @@ impl StateSync {
         self.metrics.up.set(1);
         self.metrics.syncs.with_label_values(&["ok"]).inc();
         Ok(())
+    }
+
+    /// One exchange, bounded by `state.timeout`; a failure or a timeout takes the backend down.
+    async fn call(
+        &self,
+        round: &mut Round,
+        counters: &[Counter],
+        push: &Push,
+    ) -> Result<Pulled, StateError> {
+        match tokio::time::timeout(self.timeout, self.backend.exchange(push)).await {
+            Ok(Ok(pulled)) => Ok(pulled),
+            Ok(Err(e)) => Err(self.down(round, counters, e)),
+            Err(_) => Err(self.down(round, counters, StateError::Timeout)),
+        }
     }
 
     /// The backend failed: local counters take over (logged once per outage).

@@ -360,6 +360,10 @@ impl StateMetrics {
     }
 }
 
+/// Cooldowns within this of each other are the same one; one ending within this is not
+/// adopted.
+const ADOPT_MARGIN_MS: u64 = 50;
+
 /// The sync: one round every interval against one backend.
 pub struct StateSync {
     router: Arc<Router>,
@@ -492,18 +496,23 @@ impl StateSync {
             let Some(c) = by_id.get(id.as_str()) else {
                 continue;
             };
-            if *until_wall <= wall_ms {
+            // A cooldown about to end is not adopted: wall and monotonic clocks are read a
+            // moment apart, and re-adopting one that just ended (this replica's own, back from
+            // the store) would re-open a breaker its probe had just closed.
+            if *until_wall <= wall_ms + ADOPT_MARGIN_MS {
                 continue;
             }
             let until = mono_ms + (until_wall - wall_ms);
             // Within a few milliseconds of what is known: the same cooldown seen again.
             let known = round.known.get(id).copied().unwrap_or(0);
-            if until > known + 50 && until > c.until() + 50 {
+            if until > known + ADOPT_MARGIN_MS && until > c.until() + ADOPT_MARGIN_MS {
                 c.adopt(until);
                 round.known.insert(id.clone(), c.until());
             }
         }
-        round.known.retain(|_, until| *until > mono_ms);
+        // Remembered a while past its end, so the store's copy (which ends a moment later,
+        // clocks apart) is recognised as the same cooldown.
+        round.known.retain(|_, until| *until + 1_000 > mono_ms);
         if round.up != Some(true) {
             if round.up == Some(false) {
                 tracing::info!(
@@ -711,5 +720,36 @@ models:
         one.sync.sync_once().await.expect("a round");
         assert_eq!(one.requests().used(wall), 3);
         assert_eq!(two.metrics.up.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_cooldown_that_just_ended_is_not_adopted_back() {
+        let store = Arc::new(MemoryBackend::default());
+        let one = replica(store.clone());
+        let t = one.fixture.target("up-a", 0);
+        one.fixture.observe(t, Outcome::ServerError);
+        one.sync
+            .sync_once()
+            .await
+            .expect("a round: the ejection is published");
+        let tables = one.router.tables.load();
+        let health = tables.health.target(t).expect("a target record");
+        let until = health.ejected_until_ms();
+        assert!(until > one.fixture.shared.now_ms());
+        // The cooldown ends; the half-open probe succeeds and closes the breaker.
+        one.fixture
+            .clock
+            .advance(Duration::from_millis(until - one.fixture.shared.now_ms()));
+        one.fixture.succeed(t, 10);
+        assert_eq!(health.ejected_until_ms(), 0, "closed");
+        // The store's copy ends a moment after the local one (clocks read apart): it is the
+        // same cooldown, over, and must not re-open the breaker.
+        for v in store.store.lock().await.cooldowns.values_mut() {
+            *v += 20;
+        }
+        for _ in 0..2 {
+            one.sync.sync_once().await.expect("a round");
+        }
+        assert_eq!(health.ejected_until_ms(), 0, "still closed");
     }
 }

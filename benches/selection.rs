@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use signalbox::retry::Advance;
+use signalbox::attempt::Advance;
 use signalbox::routing::lead::{self, splitmix64};
 use signalbox::routing::plan::{Plan, PlanEnv, RequestFacts};
 use signalbox::routing::{resolve, Resolution, Router};

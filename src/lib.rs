@@ -8,15 +8,17 @@
 //! # The house
 //!
 //! Dependencies point one way: `config` → `catalog` → `health` → `routing` → `proxy` →
-//! `server`, with `retry` (the failure vocabulary), `adapters` (the dialects) and `limits`
-//! (counters) below all of them, and `server` the only module that sees every other.
+//! `server`, with `attempt` (the attempt engine's pure core), `adapters` (the dialects) and
+//! `limits` (counters) below all of them, and `server` the only module that sees every other.
 //!
 //! - [`config`]: the file format (`schema`), its checked types, per-section validation, value
 //!   parsers, the one table of defaults, and the condition language of rules and policies.
 //! - [`catalog`]: providers, credentials, models and deployments, ready for the request path,
 //!   with the stable identities that survive a rebuild.
-//! - [`retry`]: the failure vocabulary — how an attempt ended, where the plan looks next,
-//!   what is retryable, what the caller is told.
+//! - [`attempt`]: every attempt ends in one verdict, decided here for both drivers — how an
+//!   attempt ended, what a provider's answer so far means (commit, retry, refuse), whether and
+//!   where another attempt runs (bounds, deadline, same-target retries with backoff), what the
+//!   caller is told when none is left.
 //! - [`health`]: per-target, per-credential and per-deployment records (breakers, cooldowns,
 //!   benching, EWMAs), carried across catalog rebuilds by identity; active probes.
 //! - [`routing`]: deciding, purely — model resolution, the routing snapshot, policies and
@@ -28,8 +30,9 @@
 //! - [`limits`]: lock-free sliding windows and period budgets; [`keys`]: client keys — who
 //!   may call, what they may name, their limits and spend.
 //! - [`proxy`]: doing — the `ProxyHttp` implementation, one room per concern: intake,
-//!   access (the caller's key), planning, the attempt, the hold path, the response, the
-//!   failure decision, accounting.
+//!   access (the caller's key), planning, the two attempt drivers (signalbox's own and
+//!   Pingora's proxy loop) and what they share (the request, the response, settling a
+//!   verdict), accounting.
 //! - [`ledger`]: one row per attempt on SQLite or PostgreSQL, written by a background thread
 //!   from a bounded queue, and the aggregates read back (admin usage, spend at start).
 //! - [`state`]: counters and cooldowns shared across replicas (Redis, or in process), synced
@@ -49,6 +52,7 @@
 
 pub mod adapters;
 pub mod admin;
+pub mod attempt;
 pub mod catalog;
 pub mod config;
 pub mod dns;
@@ -62,7 +66,6 @@ pub mod metrics;
 pub mod periodic;
 pub mod proxy;
 pub mod reload;
-pub mod retry;
 pub mod routing;
 pub mod secret;
 pub mod server;

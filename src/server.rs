@@ -288,16 +288,16 @@ pub const UPSTREAM_KEEPALIVE_POOL_SIZE: usize = 1024;
 const DOWNSTREAM_TLS_READ_BUFFER: usize = 16 * 1024 + 256;
 
 /// Pingora's server settings from the `pingora:` section. Unset values keep Pingora's
-/// defaults, except `threads` (all cores rather than one), `max_retries` (follows
-/// `failover.max_attempts`, since each Pingora retry is one attempt), and the three above,
-/// chosen for LLM streams.
+/// defaults, except `threads` (all cores rather than one), `max_retries` (the ceiling of
+/// `failover.max_attempts`: signalbox bounds attempts itself, so a reload that raises them
+/// needs no restart), and the three above, chosen for LLM streams.
 pub fn server_conf(config: &Config) -> ServerConf {
     let p = &config.pingora;
     let mut conf = ServerConf {
         threads: p.threads.unwrap_or_else(|| {
             std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
         }),
-        max_retries: config.failover.max_attempts as usize,
+        max_retries: crate::config::types::MAX_ATTEMPTS_CEILING as usize,
         ..ServerConf::default()
     };
     if let Some(v) = p.work_stealing {

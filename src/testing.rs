@@ -9,12 +9,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::attempt::Outcome;
 use crate::catalog::{Catalog, DeploymentIdx};
 use crate::config::{Config, HealthPolicy, KeySource};
 use crate::health::clock::ManualClock;
 use crate::health::{HealthRegistry, HealthShared, Observation, TargetRef};
 use crate::metrics::Metrics;
-use crate::retry::Outcome;
 use crate::routing::plan::PlanEnv;
 use crate::routing::{Router, Tables};
 

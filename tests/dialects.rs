@@ -111,18 +111,6 @@ async fn post_messages(gw: &Gateway, body: &Value) -> reqwest::Response {
     post_anthropic(gw, "/v1/messages", body.to_string()).await
 }
 
-/// The whole body as text, and whether it ended with a transport error.
-async fn read_all(mut r: reqwest::Response) -> (String, bool) {
-    let mut text = String::new();
-    loop {
-        match r.chunk().await {
-            Ok(Some(c)) => text.push_str(&String::from_utf8_lossy(&c)),
-            Ok(None) => return (text, false),
-            Err(_) => return (text, true),
-        }
-    }
-}
-
 async fn json_of(r: reqwest::Response) -> Value {
     let text = r.text().await.unwrap();
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))

@@ -34,12 +34,7 @@ fn two_with(
 }
 
 async fn admin_health(gw: &Gateway) -> serde_json::Value {
-    reqwest::get(format!("http://{}/admin/health", gw.admin))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    admin_json(gw, "/admin/health").await
 }
 
 fn target<'a>(h: &'a serde_json::Value, provider: &str) -> &'a serde_json::Value {

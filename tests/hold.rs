@@ -24,18 +24,6 @@ fn stream_body() -> serde_json::Value {
     serde_json::json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
 }
 
-/// The whole stream as text, and whether it ended with a transport error.
-async fn read_all(mut r: reqwest::Response) -> (String, bool) {
-    let mut text = String::new();
-    loop {
-        match r.chunk().await {
-            Ok(Some(c)) => text.push_str(&String::from_utf8_lossy(&c)),
-            Ok(None) => return (text, false),
-            Err(_) => return (text, true),
-        }
-    }
-}
-
 /// A good stream from b: every event a normal answer has, and the terminator.
 fn assert_good_stream_from_b(text: &str) {
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
@@ -100,27 +88,57 @@ async fn the_hold_is_a_time_to_first_token_deadline() {
     assert!(m.contains(line), "{m}");
 }
 
+/// Providers a, b and c in that order.
+fn three(a: &MockHandle, b: &MockHandle, c: &MockHandle, extra: &str) -> String {
+    format!(
+        "providers:\n{}{}{}models:\n  m:\n    deployments: [{{ provider: a, model: up-a, priority: 1 }}, {{ provider: b, model: up-b, priority: 2 }}, {{ provider: c, model: up-c, priority: 3 }}]\n{extra}",
+        provider("a", a),
+        provider("b", b),
+        provider("c", c),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn the_deadline_cancels_an_attempt_still_waiting_for_its_first_byte() {
-    let (a, b) = (mock("a").await, mock("b").await);
+async fn the_first_retry_runs_whatever_the_deadline() {
+    let (a, b, c) = (mock("a").await, mock("b").await, mock("c").await);
     a.set_default(Behaviour::Hang);
-    b.set_default(Behaviour::Hang);
-    let gw = Gateway::start(two(
+    let gw = Gateway::start(three(
         &a,
         &b,
-        "failover: { first_chunk_hold: 10s, deadline: 400ms }\n",
+        &c,
+        "failover: { first_chunk_hold: 300ms, deadline: 100ms }\n",
+    ));
+    // a holds past the deadline; b, the first retry, still runs and serves.
+    let r = post_chat(&gw, &stream_body()).await;
+    assert_eq!(header(&r, "x-llm-provider"), "b");
+    assert_eq!(header(&r, "x-llm-attempts"), "2");
+    let (text, _) = read_all(r).await;
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert_eq!(c.calls(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_attempt_after_the_first_retry_starts_past_the_deadline() {
+    let (a, b, c) = (mock("a").await, mock("b").await, mock("c").await);
+    a.set_default(Behaviour::Hang);
+    b.set_default(Behaviour::Hang);
+    let gw = Gateway::start(three(
+        &a,
+        &b,
+        &c,
+        "failover: { first_chunk_hold: 300ms, deadline: 100ms }\n",
     ));
     let started = Instant::now();
     let r = post_chat(&gw, &stream_body()).await;
-    // Cancelled at the deadline, long before the hold: a 504-class answer in signalbox's words.
+    // Each attempt waited out its own hold; the third would start after the deadline.
     assert!(
-        started.elapsed() < Duration::from_secs(3),
+        started.elapsed() >= Duration::from_millis(550),
         "{:?}",
         started.elapsed()
     );
+    assert_eq!(header(&r, "x-llm-attempts"), "2");
     expect_error(r, 504, "upstream_timeout").await;
-    assert_eq!(a.calls(), 1);
-    assert_eq!(b.calls(), 0, "no second attempt after the deadline");
+    assert_eq!((a.calls(), b.calls(), c.calls()), (1, 1, 0));
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -462,6 +462,9 @@ pub struct RecordedRequest {
     pub stream: bool,
     /// What the mock did with it.
     pub behaviour: Behaviour,
+    /// When the request's body was read in full (what a test measures gaps between calls by).
+    #[serde(skip)]
+    pub received: std::time::Instant,
 }
 
 impl RecordedRequest {

@@ -826,6 +826,7 @@ fn record(
         model: rec.model,
         stream: rec.stream,
         behaviour: rec.behaviour,
+        received: std::time::Instant::now(),
     };
     lock(&sh.records).push(rec);
 }

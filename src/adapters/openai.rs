@@ -715,9 +715,10 @@ fn note_stats(doc: &[u8], scan: &json::Scan, sse: bool, stats: &mut StreamStats)
             stats.usage = Some(usage);
         }
     }
-    // `"choices": []` with usage is the stream's usage chunk, not an empty answer.
+    // `"choices": []` with usage is a stream's usage chunk, not an empty answer; a whole
+    // answer with no choices is empty whatever usage it reports.
     if let Some(c) = scan.get(2) {
-        if is_empty_array(&doc[c.value.clone()]) && !is_usage_chunk(doc, scan) {
+        if is_empty_array(&doc[c.value.clone()]) && !(sse && is_usage_chunk(doc, scan)) {
             stats.empty_choices = true;
         }
     }

@@ -45,6 +45,12 @@ pub const TTFB_TIMEOUT: Duration = Duration::from_secs(30);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// `failover.transient_retries`: off.
 pub const TRANSIENT_RETRIES: u32 = 0;
+/// `failover.transient_backoff` (and a policy's `retry.backoff`): the base of the jittered,
+/// doubling wait before a same-target retry.
+pub const TRANSIENT_BACKOFF: Duration = Duration::from_millis(100);
+/// A policy's `retry.on_status`: the statuses that take its same-target retries (and
+/// connection drops).
+pub const RETRY_ON_STATUS: [u16; 4] = [502, 503, 504, 529];
 /// `failover.first_chunk_hold`: how long a stream's response header may be held waiting for
 /// its first content (a time-to-first-token deadline per attempt).
 pub const FIRST_CHUNK_HOLD: Duration = Duration::from_secs(15);

@@ -336,6 +336,9 @@ pub struct FailoverSection {
     /// header, connect timeout, 5xx/529/408) before moving on; each is an attempt.
     #[serde(default = "default_transient_retries")]
     pub transient_retries: u32,
+    /// The base delay of those retries: the n-th waits a random time up to `backoff × 2^n`.
+    #[serde(default = "default_transient_backoff")]
+    pub transient_backoff: String,
     /// Streams: hold the response header until the first content arrives, failing over when
     /// none comes within this long (`0`: off).
     #[serde(default = "default_first_chunk_hold")]
@@ -353,6 +356,7 @@ impl Default for FailoverSection {
             ttfb_timeout: default_ttfb_timeout(),
             connect_timeout: default_connect_timeout(),
             transient_retries: default_transient_retries(),
+            transient_backoff: default_transient_backoff(),
             first_chunk_hold: default_first_chunk_hold(),
             stream_idle_timeout: default_stream_idle_timeout(),
         }
@@ -565,6 +569,21 @@ pub struct PolicySection {
     /// Upstream calls per request under this policy (absent: `failover.max_attempts`).
     #[serde(default)]
     pub max_attempts: Option<u32>,
+    /// Same-target retries under this policy (absent: `failover.transient_retries`).
+    #[serde(default)]
+    pub retry: Option<RetrySection>,
+}
+
+/// `policies.<name>.retry` (seed 003's routing retries): `attempts` extra calls to the same
+/// target on the statuses `on_status` and on connection drops, waiting up to `backoff × 2^n`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySection {
+    pub attempts: u32,
+    #[serde(default)]
+    pub backoff: Option<String>,
+    #[serde(default)]
+    pub on_status: Option<Vec<u16>>,
 }
 
 /// One `select` entry. Which of `targets`, `tiers` and `strategy` it takes depends on its
@@ -686,6 +705,9 @@ pub fn default_connect_timeout() -> String {
 }
 pub fn default_transient_retries() -> u32 {
     defaults::TRANSIENT_RETRIES
+}
+pub fn default_transient_backoff() -> String {
+    defaults::duration_text(defaults::TRANSIENT_BACKOFF)
 }
 
 pub fn default_max_request_body() -> SizeValue {

@@ -150,6 +150,14 @@ impl Default for LogConfig {
     }
 }
 
+/// The largest `failover.max_attempts` (and a policy's `max_attempts`) accepted: far beyond any
+/// useful plan. Pingora's own retry cap is set to it, so the bound that holds is always the
+/// config's, whatever a reload sets.
+pub const MAX_ATTEMPTS_CEILING: u32 = 100;
+
+/// The largest `health.bench_after` accepted: the benching ring keeps that many timestamps.
+pub const BENCH_AFTER_CEILING: u32 = 64;
+
 /// Breakers, cooldowns, benching, probes and degraded mode (the `health` section).
 ///
 /// A target is one deployment on one credential. Failures that count against a target are
@@ -410,6 +418,8 @@ pub struct Failover {
     pub connect_timeout: Duration,
     /// Same-target retries after a transient failure (0 = off).
     pub transient_retries: u32,
+    /// The base delay before those retries (doubling, jittered, capped at 2 s).
+    pub transient_backoff: Duration,
     /// The first-chunk hold on streams; `None` when off (`0`).
     pub first_chunk_hold: Option<Duration>,
     /// The longest silence between two chunks of a stream.
@@ -448,6 +458,17 @@ pub struct PolicyConfig {
     pub failover_on_client_error: bool,
     /// Upstream calls per request under this policy; `None` = `failover.max_attempts`.
     pub max_attempts: Option<u32>,
+    /// Same-target retries under this policy; `None` = `failover.transient_retries`.
+    pub retry: Option<PolicyRetry>,
+}
+
+/// A policy's same-target retries (`retry`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyRetry {
+    pub attempts: u32,
+    pub backoff: Duration,
+    /// The statuses that take them (connection drops always do).
+    pub on_status: Vec<u16>,
 }
 
 /// One `select` entry of a policy.

@@ -46,7 +46,8 @@ pub enum BreakerState {
 /// Health of one target (deployment × credential).
 #[derive(Debug)]
 pub struct TargetHealth {
-    consecutive_failures: AtomicU32,
+    /// Consecutive failures in halves: a failure adds two, a 429 one (it counts half).
+    consecutive_halves: AtomicU32,
     /// Ejections since the last success (the escalation factor).
     ejections: AtomicU32,
     ejected_until: AtomicU64,
@@ -68,7 +69,7 @@ const EWMA_ALPHA: f64 = 0.3;
 impl TargetHealth {
     pub fn new(policy: &HealthPolicy) -> Self {
         Self {
-            consecutive_failures: AtomicU32::new(0),
+            consecutive_halves: AtomicU32::new(0),
             ejections: AtomicU32::new(0),
             ejected_until: AtomicU64::new(0),
             probe_in_flight: AtomicBool::new(false),
@@ -107,8 +108,9 @@ impl TargetHealth {
         self.ejected_until.fetch_max(until_ms, Ordering::AcqRel);
     }
 
+    /// Consecutive failures (a 429 counts half; rounded down).
     pub fn consecutive_failures(&self) -> u32 {
-        self.consecutive_failures.load(Ordering::Relaxed)
+        self.consecutive_halves.load(Ordering::Relaxed) / 2
     }
 
     pub fn ejections(&self) -> u32 {
@@ -139,7 +141,7 @@ impl TargetHealth {
         now_ms: u64,
     ) -> Option<Transition> {
         self.window.record(true, now_ms);
-        self.consecutive_failures.store(0, Ordering::Relaxed);
+        self.consecutive_halves.store(0, Ordering::Relaxed);
         self.ejections.store(0, Ordering::Relaxed);
         let until = self.ejected_until.load(Ordering::Acquire);
         if until != 0 && (was_probe || now_ms >= until) {
@@ -160,12 +162,14 @@ impl TargetHealth {
         None
     }
 
-    /// Re-admit at `restore_health` (a probe answered, or a half-open request succeeded).
+    /// Re-admit at `restore_health` (a probe answered, or a half-open request succeeded). A
+    /// probe slot still marked as taken is cleared: the target is closed, not half-open.
     pub fn restore(&self, policy: &HealthPolicy) {
         self.health
             .store(restored_permille(policy), Ordering::Relaxed);
-        self.consecutive_failures.store(0, Ordering::Relaxed);
+        self.consecutive_halves.store(0, Ordering::Relaxed);
         self.ejected_until.store(0, Ordering::Release);
+        self.release_probe();
     }
 
     /// A failure counted against the target. `threshold` is the model's `failure_threshold`
@@ -180,7 +184,7 @@ impl TargetHealth {
         now_ms: u64,
     ) -> Option<Transition> {
         self.window.record(false, now_ms);
-        let consecutive = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let halves = self.consecutive_halves.fetch_add(2, Ordering::Relaxed) + 2;
         if threshold == 0 {
             // Breaker off. A target ejected before the breaker was switched off comes back.
             if was_probe {
@@ -201,7 +205,7 @@ impl TargetHealth {
         if let (Some(wait), true) = (retry_after, policy.respect_retry_after) {
             return self.eject(policy, Some(wait), now_ms, false);
         }
-        if consecutive >= threshold {
+        if halves >= threshold.saturating_mul(2) {
             return self.eject(policy, None, now_ms, false);
         }
         if policy.health_threshold > 0.0 {
@@ -210,6 +214,29 @@ impl TargetHealth {
             if n >= MIN_SAMPLES_FOR_RATE && f64::from(ok) / f64::from(n) < policy.health_threshold {
                 return self.eject(policy, None, now_ms, false);
             }
+        }
+        None
+    }
+
+    /// A 429 on this target's credential (which cools the credential itself): half a failure
+    /// toward `threshold`. A probe's 429 gives the slot back; it neither restores nor re-ejects.
+    pub fn on_rate_limited(
+        &self,
+        policy: &HealthPolicy,
+        threshold: u32,
+        was_probe: bool,
+        now_ms: u64,
+    ) -> Option<Transition> {
+        if was_probe {
+            self.release_probe();
+            return None;
+        }
+        if threshold == 0 {
+            return None;
+        }
+        let halves = self.consecutive_halves.fetch_add(1, Ordering::Relaxed) + 1;
+        if halves >= threshold.saturating_mul(2) {
+            return self.eject(policy, None, now_ms, false);
         }
         None
     }
@@ -241,7 +268,7 @@ impl TargetHealth {
         {
             return None;
         }
-        self.consecutive_failures.store(0, Ordering::Relaxed);
+        self.consecutive_halves.store(0, Ordering::Relaxed);
         self.ejections_total.fetch_add(1, Ordering::Relaxed);
         Some(Transition::Ejected { until_ms: until })
     }
@@ -364,10 +391,14 @@ impl CredentialHealth {
     }
 }
 
+/// The most `health.bench_after` can be (validation refuses more): the ring's size, fixed so
+/// that a reload changing `bench_after` reads the same ring with the new count.
+pub const BENCH_RING: usize = crate::config::types::BENCH_AFTER_CEILING as usize;
+
 /// Per deployment: the benching window across credentials.
 #[derive(Debug)]
 pub struct DeploymentHealth {
-    /// Timestamps of the last `bench_after` model-scoped failures (ring).
+    /// Timestamps of the last [`BENCH_RING`] model-scoped failures (a ring; 0 = empty).
     failures: Box<[AtomicU64]>,
     next: AtomicUsize,
     benched_until: AtomicU64,
@@ -375,11 +406,9 @@ pub struct DeploymentHealth {
 }
 
 impl DeploymentHealth {
-    pub fn new(policy: &HealthPolicy) -> Self {
+    pub fn new(_policy: &HealthPolicy) -> Self {
         Self {
-            failures: (0..policy.bench_after.max(1))
-                .map(|_| AtomicU64::new(0))
-                .collect(),
+            failures: (0..BENCH_RING).map(|_| AtomicU64::new(0)).collect(),
             next: AtomicUsize::new(0),
             benched_until: AtomicU64::new(0),
             benchings_total: AtomicU64::new(0),
@@ -409,11 +438,14 @@ impl DeploymentHealth {
         if policy.bench_after == 0 || self.benched_until(now_ms).is_some() {
             return None;
         }
-        let n = self.failures.len();
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let ring = self.failures.len();
+        let n = usize::try_from(policy.bench_after)
+            .unwrap_or(ring)
+            .clamp(1, ring);
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % ring;
         self.failures[i].store(now_ms, Ordering::Relaxed);
-        // The oldest of the last n failures is the slot written next.
-        let oldest = self.failures[(i + 1) % n].load(Ordering::Relaxed);
+        // The oldest of the last n failures, this one included.
+        let oldest = self.failures[(i + ring + 1 - n) % ring].load(Ordering::Relaxed);
         if oldest != 0 && now_ms.saturating_sub(oldest) <= ms(policy.bench_window) {
             let until = now_ms.saturating_add(ms(policy.bench_for));
             self.benched_until.store(until, Ordering::Release);
@@ -588,6 +620,71 @@ mod tests {
         }
         panic!("a 66% success rate under an 80% floor must eject");
     }
+
+    #[test]
+    fn a_restore_clears_a_probe_slot_still_marked_taken() {
+        let p = policy();
+        let t = TargetHealth::new(&p);
+        for _ in 0..3 {
+            t.on_failure(&p, p.failure_threshold, false, None, 1_000);
+        }
+        assert!(t.try_claim_probe());
+        // The active prober re-admits it while a request holds the slot.
+        t.restore(&p);
+        assert!(!t.probe_in_flight());
+        assert_eq!(t.state(11_000), BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_429_counts_half_a_failure() {
+        let p = policy();
+        let t = TargetHealth::new(&p);
+        let threshold = p.failure_threshold;
+        for _ in 0..(2 * threshold - 1) {
+            assert_eq!(t.on_rate_limited(&p, threshold, false, 1_000), None);
+        }
+        assert!(matches!(
+            t.on_rate_limited(&p, threshold, false, 1_000),
+            Some(Transition::Ejected { .. })
+        ));
+        // A success clears the halves too; a full failure and two 429s make two.
+        t.restore(&p);
+        t.on_success(&p, false, 2_000);
+        t.on_failure(&p, threshold, false, None, 2_000);
+        t.on_rate_limited(&p, threshold, false, 2_000);
+        assert_eq!(t.consecutive_failures(), 1);
+        assert_eq!(t.on_rate_limited(&p, threshold, false, 2_000), None);
+        // Breakers off: never ejected.
+        let off = TargetHealth::new(&p);
+        for _ in 0..20 {
+            assert_eq!(off.on_rate_limited(&p, 0, false, 1_000), None);
+        }
+    }
+
+    #[test]
+    fn the_bench_window_follows_bench_after_whatever_the_ring_was_built_for() {
+        let mut p = policy();
+        p.bench_after = 0;
+        let d = DeploymentHealth::new(&p);
+        // Reloaded to 3: one or two failures do not bench.
+        p.bench_after = 3;
+        assert_eq!(d.on_failure(&p, 1_000), None);
+        assert_eq!(d.on_failure(&p, 1_100), None);
+        assert!(matches!(
+            d.on_failure(&p, 1_200),
+            Some(Transition::Ejected { .. })
+        ));
+        // Reloaded to the most allowed: the ring holds that many.
+        let mut q = policy();
+        q.bench_after = BENCH_AFTER;
+        let e = DeploymentHealth::new(&q);
+        for i in 0..u64::from(BENCH_AFTER - 1) {
+            assert_eq!(e.on_failure(&q, 1_000 + i), None, "{i}");
+        }
+        assert!(e.on_failure(&q, 5_000).is_some());
+    }
+
+    const BENCH_AFTER: u32 = crate::config::types::BENCH_AFTER_CEILING;
 
     #[test]
     fn exactly_one_probe_under_contention() {

@@ -18,8 +18,14 @@
 //!
 //! What counts: connect errors, timeouts, resets, 5xx/529/408, empty streams and empty
 //! `choices` count against the target (and towards benching its deployment); 401/402/403
-//! eject the credential, not the model; 429 cools the credential. Caller errors and client
-//! cancellations never count. A model whose `failure_threshold` is 0 has its breakers off:
+//! eject the credential, not the model; 429 cools the credential and counts half a failure
+//! against the target. Caller errors, client cancellations and a stale pooled connection
+//! never count.
+//!
+//! A half-open target's single probe slot is held by a [`ProbeClaim`] from the moment the plan
+//! claims it: the attempt's [`InflightGuard`] takes it over, and whichever way the request
+//! goes on — a verdict, a target passed over without a call, an attempt that never started —
+//! dropping it gives the slot back. A model whose `failure_threshold` is 0 has its breakers off:
 //! its targets are never ejected or benched for failures (credential cooldowns still apply).
 //!
 //! Ad-hoc direct deployments (`<provider>/<name>` outside the catalog) have no target record:
@@ -41,9 +47,9 @@ use tokio::sync::Notify;
 use self::breaker::{BreakerState, CredentialHealth, DeploymentHealth, TargetHealth, FULL_HEALTH};
 use self::clock::Clock;
 use self::degraded::DegradedMode;
+use crate::attempt::Outcome;
 use crate::catalog::{Catalog, DeploymentIdx, ProviderIdx};
 use crate::config::HealthPolicy;
-use crate::retry::Outcome;
 
 /// How long the rate-limit factor takes to fade back to 1 after a 429.
 pub const RATE_LIMIT_FADE: Duration = Duration::from_secs(60);
@@ -81,7 +87,10 @@ pub fn scope_of(outcome: Outcome) -> Scope {
         Outcome::Ok => Scope::Success,
         Outcome::CredentialRejected => Scope::CredentialRejected,
         Outcome::RateLimited => Scope::CredentialRateLimited,
-        Outcome::ClientError | Outcome::Cancelled | Outcome::LocalError => Scope::Ignored,
+        Outcome::ClientError
+        | Outcome::Cancelled
+        | Outcome::LocalError
+        | Outcome::StaleConnection => Scope::Ignored,
         Outcome::ServerError
         | Outcome::UnexpectedStatus
         | Outcome::ModelNotFound
@@ -445,13 +454,21 @@ impl HealthRegistry {
         }
     }
 
-    /// Claim the half-open probe slot of a target.
-    pub fn try_claim_probe(&self, t: TargetRef) -> bool {
-        self.target(t).is_some_and(TargetHealth::try_claim_probe)
+    /// Claim the half-open probe slot of a target: held until the claim is dropped (or an
+    /// attempt's verdict settles it).
+    pub fn try_claim_probe(self: &Arc<Self>, t: TargetRef) -> Option<ProbeClaim> {
+        self.target(t)
+            .is_some_and(TargetHealth::try_claim_probe)
+            .then(|| ProbeClaim {
+                registry: Arc::clone(self),
+                target: t,
+                armed: true,
+            })
     }
 
-    /// An attempt starts: counts in-flight (released by the guard).
-    pub fn begin(self: &Arc<Self>, t: TargetRef, probe: bool) -> InflightGuard {
+    /// An attempt starts: counts in-flight (released by the guard), holding the target's probe
+    /// slot when it is the half-open probe.
+    pub fn begin(self: &Arc<Self>, t: TargetRef, probe: Option<ProbeClaim>) -> InflightGuard {
         if let Some(th) = self.target(t) {
             th.in_flight.fetch_add(1, Ordering::Relaxed);
         }
@@ -459,7 +476,6 @@ impl HealthRegistry {
             registry: Arc::clone(self),
             target: t,
             probe,
-            settled: false,
         }
     }
 
@@ -517,10 +533,13 @@ impl HealthRegistry {
                 if let Some(c) = self.credential(t.provider, t.credential) {
                     transition = Some(c.on_rate_limited(policy, obs.retry_after, now));
                 }
-                if obs.probe {
-                    if let Some(th) = target {
-                        th.release_probe();
-                    }
+                if let Some(th) = target {
+                    // Half a failure toward the target's threshold (seed 002): a target that
+                    // only ever answers 429 is ejected after twice as many.
+                    let threshold = self.threshold(t.deployment);
+                    transition = th
+                        .on_rate_limited(policy, threshold, obs.probe, now)
+                        .or(transition);
                 }
             }
             Scope::Ignored => {
@@ -685,13 +704,51 @@ pub struct DeploymentView {
     pub soonest_ms: Option<u64>,
 }
 
-/// Counts an attempt in flight until dropped; settles a claimed probe slot if the attempt
-/// ended without a verdict (a cancelled request must not hold the slot forever).
+/// A claimed half-open probe slot: given back when dropped, unless an attempt's verdict has
+/// settled it (the breaker releases it then).
+pub struct ProbeClaim {
+    registry: Arc<HealthRegistry>,
+    target: TargetRef,
+    armed: bool,
+}
+
+impl ProbeClaim {
+    pub fn target(&self) -> TargetRef {
+        self.target
+    }
+
+    /// The verdict settled the slot: nothing to give back.
+    fn settled(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for ProbeClaim {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Some(th) = self.registry.target(self.target) {
+            th.release_probe();
+        }
+    }
+}
+
+impl std::fmt::Debug for ProbeClaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProbeClaim")
+            .field("target", &self.target)
+            .finish()
+    }
+}
+
+/// Counts an attempt in flight until dropped; holds the probe slot of a half-open target's
+/// probe, given back if the attempt ends without a verdict (a cancelled request must not hold
+/// the slot forever).
 pub struct InflightGuard {
     registry: Arc<HealthRegistry>,
     target: TargetRef,
-    probe: bool,
-    settled: bool,
+    probe: Option<ProbeClaim>,
 }
 
 impl InflightGuard {
@@ -700,14 +757,19 @@ impl InflightGuard {
     }
 
     pub fn is_probe(&self) -> bool {
-        self.probe
+        self.probe.is_some()
     }
 
-    /// Record the attempt's outcome (once) and end it.
+    /// Record the attempt's outcome (once) and end it. Returns whether a breaker changed.
     pub fn finish(mut self, mut obs: Observation) -> bool {
-        obs.probe = self.probe;
-        self.settled = true;
-        self.registry.observe(self.target, &obs)
+        let claim = self.probe.take();
+        obs.probe = claim.is_some();
+        let transition = self.registry.observe(self.target, &obs);
+        // `observe` settled the slot (success, re-ejection or release).
+        if let Some(c) = claim {
+            c.settled();
+        }
+        transition
     }
 }
 
@@ -715,10 +777,8 @@ impl Drop for InflightGuard {
     fn drop(&mut self) {
         if let Some(th) = self.registry.target(self.target) {
             th.in_flight.fetch_sub(1, Ordering::Relaxed);
-            if self.probe && !self.settled {
-                th.release_probe();
-            }
         }
+        // An unsettled probe claim, dropped with the guard, gives the slot back.
     }
 }
 
@@ -726,7 +786,7 @@ impl std::fmt::Debug for InflightGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InflightGuard")
             .field("target", &self.target)
-            .field("probe", &self.probe)
+            .field("probe", &self.probe.is_some())
             .finish()
     }
 }
@@ -853,8 +913,8 @@ models:
         reg.observe(t(0, 0), &obs(Outcome::ServerError));
         clock.advance(Duration::from_secs(31));
         assert_eq!(reg.admission(t(0, 0), clock.now_ms()), Admission::HalfOpen);
-        assert!(reg.try_claim_probe(t(0, 0)));
-        let guard = reg.begin(t(0, 0), true);
+        let claim = reg.try_claim_probe(t(0, 0)).expect("free");
+        let guard = reg.begin(t(0, 0), Some(claim));
         assert_eq!(
             reg.admission(t(0, 0), clock.now_ms()),
             Admission::No(Unavailable::ProbeBusy)
@@ -871,9 +931,17 @@ models:
                 .map(|th| th.in_flight.load(Ordering::Relaxed)),
             Some(0)
         );
+        // A claim dropped before any attempt started gives the slot back too.
+        let claim = reg.try_claim_probe(t(0, 0)).expect("free");
+        assert!(
+            reg.try_claim_probe(t(0, 0)).is_none(),
+            "one probe at a time"
+        );
+        drop(claim);
+        assert_eq!(reg.admission(t(0, 0), clock.now_ms()), Admission::HalfOpen);
         // A probe that succeeds restores the target.
-        assert!(reg.try_claim_probe(t(0, 0)));
-        let guard = reg.begin(t(0, 0), true);
+        let claim = reg.try_claim_probe(t(0, 0)).expect("free");
+        let guard = reg.begin(t(0, 0), Some(claim));
         assert!(guard.finish(obs(Outcome::Ok)));
         assert_eq!(
             reg.admission(t(0, 0), clock.now_ms()),

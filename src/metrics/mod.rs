@@ -55,7 +55,7 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Counter, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Registry};
 
-use crate::retry::Outcome;
+use crate::attempt::Outcome;
 
 /// Status classes of `requests_total{status_class}`; `none` when no response was written.
 pub const STATUS_CLASSES: [&str; 6] = ["none", "1xx", "2xx", "3xx", "4xx", "5xx"];

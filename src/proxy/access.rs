@@ -12,9 +12,9 @@ use crate::keys::{self, cost_micro_usd, ClientKey, Refusal};
 use crate::routing::decide::KeyFacts;
 use crate::routing::Tables;
 
-/// The wall clock in whole seconds, from the router's (injectable) clock.
+/// The wall clock in whole seconds, from the health clock (injectable).
 fn now_s(ctx: &RequestCtx) -> u64 {
-    ctx.router.as_ref().map_or(0, |r| r.health.wall_s())
+    ctx.tables.health.shared.wall_s()
 }
 
 /// The caller's key, when keys are configured.
@@ -119,18 +119,19 @@ pub fn facts<'t>(ctx: &RequestCtx, tables: &'t Tables) -> Option<KeyFacts<'t>> {
 /// estimate. Returns that cost (micro-USD; 0 when unpriced or unreported) for the metrics
 /// and the ledger.
 pub fn settle(ctx: &mut RequestCtx) -> u64 {
-    let Some(tables) = ctx.tables.clone() else {
-        return 0;
-    };
-    let usage = ctx.served.and(ctx.relay.signals().usage);
-    let deployment = ctx.served.and_then(|a| {
-        let plan = ctx.plan.as_ref()?;
-        plan.deployment(&tables.catalog, a.target.position)
+    let reservation = ctx.key_reservation.take();
+    let ctx = &*ctx;
+    let tables = &*ctx.tables;
+    let now = now_s(ctx);
+    let served = ctx.admitted.as_ref().and_then(|a| {
+        let s = a.attempts.served?;
+        let usage = a.attempts.relay.signals().usage;
+        Some((a.plan.deployment(&tables.catalog, s.target.position), usage))
     });
+    let (deployment, usage) = served.unwrap_or((None, None));
     if let (Some(d), Some(u)) = (deployment, usage) {
         if d.tpm.is_some() {
-            d.tokens
-                .add(now_s(ctx), u.prompt_tokens + u.completion_tokens);
+            d.tokens.add(now, u.prompt_tokens + u.completion_tokens);
         }
     }
     let cost = match (usage, deployment.and_then(|d| d.price)) {
@@ -142,11 +143,10 @@ pub fn settle(ctx: &mut RequestCtx) -> u64 {
         ),
         _ => 0,
     };
-    if !tables.has_budgets && ctx.key_reservation.is_none() {
+    if !tables.has_budgets && reservation.is_none() {
         // Nothing to count against.
         return cost;
     }
-    let now = now_s(ctx);
     if cost > 0 {
         if let Some(d) = deployment {
             let provider = tables.catalog.provider(d.provider);
@@ -162,10 +162,10 @@ pub fn settle(ctx: &mut RequestCtx) -> u64 {
             }
         }
     }
-    let Some(reservation) = ctx.key_reservation.take() else {
+    let Some(reservation) = reservation else {
         return cost;
     };
-    let Some(key) = key(ctx, &tables) else {
+    let Some(key) = key(ctx, tables) else {
         return cost;
     };
     let used = usage.map(|u| u.prompt_tokens + u.completion_tokens);

@@ -1,10 +1,11 @@
-//! One attempt: turning the pending target into a connection and a request for it.
+//! One attempt's request: turning the next target into a connection and a request for it,
+//! the same for both drivers.
 //!
-//! `upstream_peer` starts the attempt (the peer on a pre-resolved address, the body for this
-//! target's upstream model, the in-flight count and probe slot in health); the request header
-//! is rewritten for the target (its credential replaces every client auth header, `Host` and
-//! path follow its base URL); and the body Pingora replays from its retry buffer is swapped
-//! for the whole rewritten body.
+//! [`begin`] starts the attempt (the peer on a pre-resolved address, the in-flight count and
+//! the probe slot in health); [`prepare_body`] builds the body for the target's upstream model
+//! and dialect; the request header is rewritten for the target (its credential replaces every
+//! client auth header, `Host` and path follow its base URL); and on the fast path the body
+//! Pingora replays from its retry buffer is swapped for the whole rewritten body.
 
 use std::time::Instant;
 
@@ -14,14 +15,15 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType};
 use pingora_http::RequestHeader;
 
-use super::ctx::{Attempt, AttemptBody, RequestCtx};
+use super::ctx::{Admitted, AttemptBody, Live, RequestCtx};
 use super::respond;
 use crate::adapters::anthropic::ANTHROPIC_VERSION;
 use crate::adapters::chat_messages::Unexpressible;
 use crate::adapters::relay::Relay;
-use crate::adapters::surface::{Conversion, Dialect};
+use crate::adapters::surface::{Conversion, Dialect, Surface};
 use crate::config::ProviderKind;
 use crate::health::TargetRef;
+use crate::routing::Tables;
 
 /// Headers a client may use to authenticate to signalbox; never forwarded upstream.
 static CLIENT_AUTH_HEADERS: [HeaderName; 4] = [
@@ -49,25 +51,19 @@ fn internal(why: &'static str) -> Box<Error> {
     Error::explain(ErrorType::InternalError, why)
 }
 
-/// Start the attempt on the pending target: its peer, its body, its health bookkeeping.
-pub fn begin(ctx: &mut RequestCtx) -> pingora_error::Result<Box<HttpPeer>> {
-    if prepare_body(ctx).is_err() {
-        // Only the hold path translates, and it prepares the body (and skips a target that
-        // cannot express the request) before it begins an attempt.
-        return Err(internal("the request cannot be expressed for this target"));
-    }
-    let tables = ctx
-        .tables
-        .clone()
-        .ok_or_else(|| internal("no routing snapshot"))?;
-    let target = ctx
-        .pending
+/// Start the next attempt: its peer (a pre-resolved address, TLS/SNI, timeouts), its health
+/// bookkeeping (the in-flight count, the probe slot it holds), its count. The body must have
+/// been prepared for its target ([`prepare_body`]).
+pub fn begin(tables: &Tables, a: &mut Admitted) -> pingora_error::Result<Box<HttpPeer>> {
+    let next = a
+        .attempts
+        .next
         .take()
         .ok_or_else(|| internal("no target left"))?;
-    let deployment = ctx
+    let target = next.target;
+    let deployment = a
         .plan
-        .as_ref()
-        .and_then(|plan| plan.deployment(&tables.catalog, target.position))
+        .deployment(&tables.catalog, target.position)
         .ok_or_else(|| internal("target has no deployment"))?;
     let provider = deployment.provider;
     let peer = tables
@@ -81,78 +77,88 @@ pub fn begin(ctx: &mut RequestCtx) -> pingora_error::Result<Box<HttpPeer>> {
         credential: target.credential,
     };
     let now = Instant::now();
-    ctx.first_attempt_at.get_or_insert(now);
-    ctx.attempts += 1;
-    ctx.current = Some(Attempt {
+    let at = &mut a.attempts;
+    at.first_at.get_or_insert(now);
+    at.made += 1;
+    at.live = Some(Live {
         target,
         provider,
         started: now,
         header_at: None,
         status: None,
+        guard: tables.health.begin(health_ref, next.claim),
+        retry_after: None,
     });
-    ctx.guard = Some(tables.health.begin(health_ref, target.probe));
     // The deployment's request window (its `rpm`, its headroom), counted per call made.
     deployment.requests.add(tables.health.shared.wall_s(), 1);
-    ctx.status_outcome = None;
-    ctx.retry_after = None;
     // What an earlier attempt's response set up does not carry over.
-    ctx.relay = Relay::passthrough();
-    ctx.client_error_pending = false;
+    at.relay = Relay::passthrough();
+    at.sse = false;
     Ok(Box::new(peer))
 }
 
-/// The body the pending target gets, in its dialect: rebuilt only when the upstream model or
-/// the conversion changes. A target whose dialect cannot express the request is refused with
-/// the field it cannot carry.
-pub fn prepare_body(ctx: &mut RequestCtx) -> Result<(), Unexpressible> {
-    let (Some(tables), Some(plan), Some(target), Some(request)) =
-        (&ctx.tables, &ctx.plan, &ctx.pending, &ctx.request)
-    else {
+/// The body the next target gets, in its dialect: rebuilt only when the upstream model or the
+/// conversion changes. A target whose dialect cannot express the request is refused with the
+/// field it cannot carry.
+pub fn prepare_body(
+    tables: &Tables,
+    surface: Surface,
+    a: &mut Admitted,
+) -> Result<(), Unexpressible> {
+    let Some(next) = &a.attempts.next else {
         return Ok(());
     };
-    let Some(deployment) = plan.deployment(&tables.catalog, target.position) else {
+    let Some(deployment) = a.plan.deployment(&tables.catalog, next.target.position) else {
         return Ok(());
     };
     let kind = tables.catalog.provider(deployment.provider).kind;
-    let conversion = ctx.surface.served_by(kind).unwrap_or(Conversion::Same);
-    let reuse = ctx.attempt_body.as_ref().is_some_and(|b| {
+    let conversion = surface.served_by(kind).unwrap_or(Conversion::Same);
+    let reuse = a.attempts.body.as_ref().is_some_and(|b| {
         b.conversion == conversion && b.upstream_model == deployment.upstream_model_json
     });
     if !reuse {
-        let bytes = request.body_for(
-            ctx.surface,
+        let bytes = a.request.body_for(
+            surface,
             conversion,
             &deployment.upstream_model,
             &deployment.upstream_model_json,
         )?;
-        ctx.attempt_body = Some(AttemptBody {
+        a.attempts.body = Some(AttemptBody {
             upstream_model: deployment.upstream_model_json.clone(),
             conversion,
             bytes,
         });
     }
-    ctx.conversion = conversion;
+    a.attempts.conversion = conversion;
     Ok(())
 }
 
-/// The request header for the current attempt's target.
+/// The request header for the live attempt's target.
 pub fn rewrite_request_header(
     ctx: &RequestCtx,
     upstream_request: &mut RequestHeader,
 ) -> pingora_error::Result<()> {
-    let (Some(tables), Some(attempt), Some(plan)) = (&ctx.tables, &ctx.current, &ctx.plan) else {
+    let tables = &ctx.tables;
+    let Some(a) = &ctx.admitted else {
         return Err(internal("no attempt in progress"));
     };
-    let deployment = plan
-        .deployment(&tables.catalog, attempt.target.position)
+    let live = a
+        .attempts
+        .live
+        .as_ref()
+        .ok_or_else(|| internal("no attempt in progress"))?;
+    let deployment = a
+        .plan
+        .deployment(&tables.catalog, live.target.position)
         .ok_or_else(|| internal("no deployment"))?;
     let provider = tables.catalog.provider(deployment.provider);
-    let auth = provider.credentials[attempt.target.credential]
-        .auth
-        .as_ref();
+    let auth = provider
+        .credentials
+        .get(live.target.credential)
+        .and_then(|c| c.auth.as_ref());
     let surface = ctx.surface;
     let anthropic_caller = surface.dialect() == Dialect::Anthropic;
-    let len = ctx.attempt_body.as_ref().map_or(0, |b| b.bytes.len());
+    let len = a.attempts.body.as_ref().map_or(0, |b| b.bytes.len());
     respond::edit_request_parts(upstream_request, |parts| {
         let headers = &mut parts.headers;
         for name in CLIENT_AUTH_HEADERS.iter().chain(&HOP_AND_GATEWAY_HEADERS) {
@@ -192,7 +198,10 @@ pub fn rewrite_request_header(
 /// `end_of_stream`: replace it with the whole rewritten body.
 pub fn swap_body(ctx: &RequestCtx, body: &mut Option<Bytes>, end_of_stream: bool) {
     *body = if end_of_stream {
-        ctx.attempt_body.as_ref().map(|b| b.bytes.clone())
+        ctx.admitted
+            .as_ref()
+            .and_then(|a| a.attempts.body.as_ref())
+            .map(|b| b.bytes.clone())
     } else {
         None
     };

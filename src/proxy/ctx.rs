@@ -1,9 +1,17 @@
-//! `RequestCtx`: everything one request carries through Pingora's hooks.
+//! `RequestCtx`: everything one request carries through Pingora's hooks, typed by phase.
 //!
-//! One typed context, filled in order by the phases (see `proxy::mod`): the snapshot and plan
-//! from `request_filter`, the current attempt from `upstream_peer`, outcomes from the failure
-//! hooks, the response handling from the response filters. `logging` reads it once at the end
-//! to emit metrics and the access line: nothing is counted anywhere else.
+//! - Fixed when the request arrives: its id, its start, the snapshot it runs on (one load, kept
+//!   for the request's life, so a swap mid-request never changes the plan under it).
+//! - Fixed by `request_filter` once the request is admitted and planned ([`Admitted`]): the
+//!   caller's request, how it was routed, its plan, the rules its attempts run under and
+//!   whether signalbox drives them itself. A request refused before that has none.
+//! - The attempts ([`Attempts`]): the one in flight ([`Live`]), the next one's target, the
+//!   record of every attempt made, and the answer's relay.
+//! - The caller's side ([`Downstream`]): pending, committed (a header went out: no attempt may
+//!   follow) or broken (a committed answer ended abnormally).
+//!
+//! `logging` reads it once at the end to emit metrics, the ledger rows and the access line:
+//! nothing is counted anywhere else.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -16,25 +24,154 @@ use crate::adapters::caller::CallerRequest;
 use crate::adapters::chat_messages::Unexpressible;
 use crate::adapters::relay::Relay;
 use crate::adapters::surface::{Conversion, Surface};
+use crate::attempt::{FailureLog, Outcome, RetryRules, Spent, Terms};
 use crate::catalog::ProviderIdx;
 use crate::error::GatewayError;
-use crate::health::{InflightGuard, Observation};
+use crate::health::{InflightGuard, ProbeClaim};
 use crate::keys::Reservation;
-use crate::retry::{Advance, FailureLog, Outcome};
 use crate::routing::decide::Routed;
 use crate::routing::lead::splitmix64;
 use crate::routing::plan::{Plan, Target};
-use crate::routing::{RouteIdx, Router, Tables};
+use crate::routing::Tables;
 
-/// One upstream call.
-#[derive(Debug, Clone, Copy)]
-pub struct Attempt {
+/// One request's context.
+#[derive(Debug)]
+pub struct RequestCtx {
+    pub started: Instant,
+    pub request_id: HeaderValue,
+    /// The endpoint the caller called (the dialect of every answer).
+    pub surface: Surface,
+    /// The snapshot the request runs on.
+    pub tables: Arc<Tables>,
+    /// The caller's key (its index in the snapshot's key table), when keys are configured.
+    pub key: Option<usize>,
+    /// What the key reserved for this request (settled when it ends).
+    pub key_reservation: Option<Reservation>,
+    /// Set once the request is admitted and planned.
+    pub admitted: Option<Admitted>,
+    pub downstream: Downstream,
+    /// An error signalbox answered itself.
+    pub local_error: Option<GatewayError>,
+    /// Counted in the in-flight gauge (released by `logging`).
+    pub in_flight: bool,
+}
+
+/// What `request_filter` fixes for an admitted request.
+#[derive(Debug)]
+pub struct Admitted {
+    pub request: CallerRequest,
+    /// How the request reached its route (model, policy entry, rule), and its overrides.
+    pub routed: Routed,
+    pub plan: Plan,
+    /// The bounds on its attempts.
+    pub rules: RetryRules,
+    /// Where its answers commit, and whether refusals fail over.
+    pub terms: Terms,
+    /// Signalbox drives the attempts itself (its own driver), not Pingora's proxy loop.
+    pub driven: bool,
+    /// Some candidate speaks the other dialect (its answers are translated).
+    pub translates: bool,
+    /// Hash of `x-llm-session`, when the caller sent one.
+    pub session: Option<u64>,
+    /// Seed of this request's random draws (retry jitter).
+    pub seed: u64,
+    pub attempts: Attempts,
+}
+
+/// The attempts of one request.
+#[derive(Debug)]
+pub struct Attempts {
+    /// Upstream calls made (`x-llm-attempts`).
+    pub made: u32,
+    pub first_at: Option<Instant>,
+    /// Every attempt that ended, in order.
+    pub log: Vec<AttemptRecord>,
+    /// How they failed, for the final answer.
+    pub failures: FailureLog,
+    /// Same-target retries spent on the current target, and the one fresh-connection call.
+    pub same_target: u32,
+    pub fresh: bool,
+    /// The target of the next attempt (what starts it claimed, a wait before it).
+    pub next: Option<NextTarget>,
+    /// The attempt in flight.
+    pub live: Option<Live>,
+    /// The attempt whose answer is the caller's.
+    pub served: Option<Served>,
+    /// The current (or last) attempt's response body on its way to the caller.
+    pub relay: Relay,
+    /// The current attempt's answer is a stream.
+    pub sse: bool,
+    /// How the current attempt's provider serves the caller's surface.
+    pub conversion: Conversion,
+    /// The body for the current attempt, and what it was built for.
+    pub body: Option<AttemptBody>,
+    /// A candidate skipped because its dialect cannot express a field of the request: the
+    /// caller's 400 if no candidate serves.
+    pub unexpressible: Option<Unexpressible>,
+}
+
+impl Attempts {
+    pub fn new(next: Option<NextTarget>) -> Self {
+        Self {
+            made: 0,
+            first_at: None,
+            log: Vec::new(),
+            failures: FailureLog::default(),
+            same_target: 0,
+            fresh: false,
+            next,
+            live: None,
+            served: None,
+            relay: Relay::passthrough(),
+            sse: false,
+            conversion: Conversion::Same,
+            body: None,
+            unexpressible: None,
+        }
+    }
+
+    /// What the schedule reads.
+    pub fn spent(&self) -> Spent {
+        Spent {
+            attempts: self.made,
+            same_target: self.same_target,
+            fresh: self.fresh,
+        }
+    }
+}
+
+/// The target of the next attempt.
+#[derive(Debug)]
+pub struct NextTarget {
+    pub target: Target,
+    /// The half-open probe slot this attempt holds (given back if it never starts).
+    pub claim: Option<ProbeClaim>,
+    /// Wait this long before calling (a same-target retry's backoff).
+    pub delay: Duration,
+}
+
+/// The attempt in flight.
+#[derive(Debug)]
+pub struct Live {
     pub target: Target,
     pub provider: ProviderIdx,
     pub started: Instant,
     /// When the response header arrived, and its status.
     pub header_at: Option<Instant>,
     pub status: Option<u16>,
+    /// Its in-flight count (and probe slot) in the health registry.
+    pub guard: InflightGuard,
+    /// The provider's `Retry-After` on a failure status, capped.
+    pub retry_after: Option<Duration>,
+}
+
+/// The attempt whose answer is the caller's.
+#[derive(Debug, Clone, Copy)]
+pub struct Served {
+    pub target: Target,
+    pub provider: ProviderIdx,
+    pub started: Instant,
+    pub header_at: Option<Instant>,
 }
 
 /// An attempt as the log and metrics see it once it ended.
@@ -50,15 +187,8 @@ pub struct AttemptRecord {
     pub ttfb: Option<Duration>,
     pub duration: Duration,
     /// Whether an attempt on another target followed (a failover; calling the same target
-    /// again — a stale pooled connection, a transient retry — is not one).
+    /// again — a fresh connection, a same-target retry — is not one).
     pub followed: bool,
-}
-
-/// Why a committed stream was ended by signalbox (the event the caller gets says so).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AbortReason {
-    /// No chunk within `failover.stream_idle_timeout` (the hold path).
-    Stalled,
 }
 
 /// One attempt's request body.
@@ -69,175 +199,67 @@ pub struct AttemptBody {
     pub bytes: Bytes,
 }
 
-#[derive(Debug)]
-pub struct RequestCtx {
-    pub started: Instant,
-    /// The endpoint the caller called.
-    pub surface: Surface,
-    pub request_id: HeaderValue,
-    pub router: Option<Arc<Router>>,
-    pub tables: Option<Arc<Tables>>,
-    pub route: Option<RouteIdx>,
-    /// How the request reached its route (model, policy entry, rule), and its overrides.
-    pub routed: Option<Routed>,
-    /// Upstream calls this request may make (a policy's `max_attempts`, else the config's).
-    pub max_attempts: u32,
-    /// A provider's 400 moves on to the next candidate (the policy says so).
-    pub failover_on_client_error: bool,
-    /// The current attempt's refusal is being read to decide whether it fails over.
-    pub client_error_pending: bool,
-    /// After a context-length refusal: the next candidate's context window must exceed this.
-    pub context_floor: Option<u64>,
-    pub request: Option<CallerRequest>,
-    /// The caller's key (its index in the snapshot's key table), when keys are configured.
-    pub key: Option<usize>,
-    /// What the key reserved for this request (settled when it ends).
-    pub key_reservation: Option<Reservation>,
-    /// Some candidate of the plan speaks the other dialect (its answers are translated: the
-    /// request takes the hold path, which can read a whole answer before committing it).
-    pub translates: bool,
-    /// How the current attempt's provider serves the caller's surface.
-    pub conversion: Conversion,
-    /// A candidate skipped because its dialect cannot express a field of the request: the
-    /// caller's 400 if no candidate serves.
-    pub unexpressible: Option<Unexpressible>,
-    pub plan: Option<Plan>,
-    /// The target the next `upstream_peer` call connects to.
-    pub pending: Option<Target>,
-    /// A target to call again because its pooled connection was stale (not a failover).
-    pub retry_same: bool,
-    /// Same-target retries spent on the current target (`failover.transient_retries`).
-    pub transient_retries: u32,
-    pub current: Option<Attempt>,
-    /// Holds the current attempt's in-flight count (and probe slot) in the health registry.
-    pub guard: Option<InflightGuard>,
-    /// The provider's `Retry-After` on the current attempt's failure status, clamped.
-    pub retry_after: Option<Duration>,
-    /// Hash of `x-llm-session`, when the caller sent one.
-    pub session: Option<u64>,
-    /// Upstream calls made (`x-llm-attempts`).
-    pub attempts: u32,
-    pub first_attempt_at: Option<Instant>,
-    /// An outcome already known for the current attempt (a status classified in
-    /// `upstream_response_filter`), consumed by the failure hook.
-    pub status_outcome: Option<(Outcome, Advance)>,
-    pub failures: FailureLog,
-    pub log: Vec<AttemptRecord>,
-    /// The attempt whose response is being relayed.
-    pub served: Option<Attempt>,
-    /// A response header (not 1xx) went to the client: no attempt may follow.
-    pub committed: bool,
-    /// Status sent to the client.
-    pub status: Option<u16>,
-    /// The current attempt's response body on its way to the caller, and what it showed.
-    pub relay: Relay,
-    pub is_sse: bool,
-    /// The body for the current attempt, and the upstream model literal and conversion it was
-    /// built for.
-    pub attempt_body: Option<AttemptBody>,
-    /// An error signalbox answered itself.
-    pub local_error: Option<GatewayError>,
-    pub stream_broken: bool,
-    /// Why signalbox itself ended a committed stream (the hold path's idle timeout).
-    pub abort_reason: Option<AbortReason>,
-    pub in_flight: bool,
+/// The caller's side of the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Downstream {
+    /// Nothing final written yet: another attempt may run.
+    #[default]
+    Pending,
+    /// A response header went out with this status: no attempt may follow.
+    Committed { status: u16 },
+    /// A committed answer ended abnormally (the caller got an error event, or the connection
+    /// was cut).
+    Broken { status: u16, reason: Broke },
+}
+
+/// Why a committed answer ended abnormally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Broke {
+    /// The provider's stream broke or ended without its terminal event.
+    Interrupted,
+    /// No chunk within `failover.stream_idle_timeout`.
+    Stalled,
+}
+
+impl Downstream {
+    pub fn is_committed(self) -> bool {
+        self != Downstream::Pending
+    }
+
+    /// The status the caller got.
+    pub fn status(self) -> Option<u16> {
+        match self {
+            Downstream::Pending => None,
+            Downstream::Committed { status } | Downstream::Broken { status, .. } => Some(status),
+        }
+    }
+
+    /// The committed answer ended abnormally.
+    pub fn break_with(&mut self, reason: Broke) {
+        if let Downstream::Committed { status } = *self {
+            *self = Downstream::Broken { status, reason };
+        }
+    }
+
+    pub fn is_broken(self) -> bool {
+        matches!(self, Downstream::Broken { .. })
+    }
 }
 
 impl RequestCtx {
-    pub fn new() -> Self {
+    pub fn new(tables: Arc<Tables>) -> Self {
         Self {
             started: Instant::now(),
-            surface: Surface::ChatCompletions,
             request_id: next_request_id(),
-            router: None,
-            tables: None,
-            route: None,
-            routed: None,
-            max_attempts: u32::MAX,
-            failover_on_client_error: false,
-            client_error_pending: false,
-            context_floor: None,
-            request: None,
+            surface: Surface::ChatCompletions,
+            tables,
             key: None,
             key_reservation: None,
-            translates: false,
-            conversion: Conversion::Same,
-            unexpressible: None,
-            plan: None,
-            pending: None,
-            retry_same: false,
-            transient_retries: 0,
-            current: None,
-            guard: None,
-            retry_after: None,
-            session: None,
-            attempts: 0,
-            first_attempt_at: None,
-            status_outcome: None,
-            failures: FailureLog::default(),
-            log: Vec::new(),
-            served: None,
-            committed: false,
-            status: None,
-            relay: Relay::passthrough(),
-            is_sse: false,
-            attempt_body: None,
+            admitted: None,
+            downstream: Downstream::Pending,
             local_error: None,
-            stream_broken: false,
-            abort_reason: None,
             in_flight: false,
         }
-    }
-
-    /// Close the current attempt with an outcome: log it and record it in the health registry.
-    pub fn finish_attempt(&mut self, outcome: Outcome) {
-        self.close_attempt(outcome, true);
-    }
-
-    /// Close the current attempt without judging the target (a stale pooled connection the
-    /// upstream had closed: not the target's failure).
-    pub fn abandon_attempt(&mut self, outcome: Outcome) {
-        self.close_attempt(outcome, false);
-    }
-
-    fn close_attempt(&mut self, outcome: Outcome, judge: bool) {
-        let retry_after = self.retry_after.take();
-        if let Some(a) = self.current.take() {
-            let now = Instant::now();
-            let target = (a.target.position, a.target.credential);
-            if let Some(prev) = self.log.last_mut() {
-                prev.followed = prev.target != target;
-            }
-            let ttfb = a.header_at.map(|h| h.duration_since(a.started));
-            let duration = now.duration_since(a.started);
-            self.log.push(AttemptRecord {
-                provider: a.provider,
-                target,
-                outcome,
-                status: a.status,
-                started: a.started,
-                ttfb,
-                duration,
-                followed: false,
-            });
-            let guard = self.guard.take();
-            if let (Some(guard), true) = (guard, judge) {
-                guard.finish(Observation {
-                    outcome,
-                    ttfb,
-                    latency: (outcome == Outcome::Ok).then_some(duration),
-                    output_tokens: self.relay.signals().usage.map(|u| u.completion_tokens),
-                    retry_after,
-                    probe: false,
-                });
-            }
-        }
-    }
-}
-
-impl Default for RequestCtx {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
@@ -285,5 +307,23 @@ mod tests {
             assert_eq!(s.len(), 32);
             assert!(s.bytes().all(|b| b.is_ascii_hexdigit()));
         }
+    }
+
+    #[test]
+    fn the_callers_side_goes_one_way() {
+        let mut d = Downstream::Pending;
+        d.break_with(Broke::Stalled);
+        assert_eq!(d, Downstream::Pending, "nothing to break before a commit");
+        d = Downstream::Committed { status: 200 };
+        d.break_with(Broke::Stalled);
+        assert_eq!(
+            d,
+            Downstream::Broken {
+                status: 200,
+                reason: Broke::Stalled
+            }
+        );
+        assert_eq!(d.status(), Some(200));
+        assert!(d.is_committed() && d.is_broken());
     }
 }

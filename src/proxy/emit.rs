@@ -9,19 +9,19 @@ use std::time::Duration;
 use pingora_error::{Error, ErrorSource};
 
 use super::ctx::{AttemptRecord, RequestCtx};
+use crate::attempt::{BodyEnd, Outcome, Verdict};
 use crate::ledger::{Ledger, LedgerRow};
 use crate::metrics::{
     status_class_index, Metrics, TOKENS_CACHE_READ, TOKENS_CACHE_WRITE, TOKENS_COMPLETION,
     TOKENS_PROMPT,
 };
-use crate::retry::Outcome;
 use crate::routing::decide::Via;
 use crate::routing::plan::Plan;
 use crate::routing::Tables;
 
 /// Settle, count, record and log a finished request.
 pub fn emit(ctx: &mut RequestCtx, e: Option<&Error>, metrics: &Metrics, ledger: Option<&Ledger>) {
-    settle_last_attempt(ctx, e);
+    settle_open_attempt(ctx, e);
     let cost = super::access::settle(ctx);
     if ctx.in_flight {
         metrics.in_flight.dec();
@@ -33,54 +33,50 @@ pub fn emit(ctx: &mut RequestCtx, e: Option<&Error>, metrics: &Metrics, ledger: 
     access_line(ctx);
 }
 
-/// The attempt whose response was relayed (or that ended with the request) gets its outcome.
-fn settle_last_attempt(ctx: &mut RequestCtx, e: Option<&Error>) {
-    if ctx.current.is_none() {
+/// An attempt no driver judged before the request ended: the caller went away (or, once its
+/// answer was committed, the provider broke it).
+fn settle_open_attempt(ctx: &mut RequestCtx, e: Option<&Error>) {
+    let open = ctx
+        .admitted
+        .as_ref()
+        .is_some_and(|a| a.attempts.live.is_some());
+    if !open {
         return;
     }
-    let signals = *ctx.relay.signals();
-    let empty = signals.empty_choices || (ctx.is_sse && !signals.content);
-    // The provider's own error event after content ended the stream without its terminal
-    // event: relayed as the caller's error, counted as the aborted stream it is.
-    let errored_after_content =
-        ctx.is_sse && signals.content && signals.error.is_some() && !signals.terminal;
-    // The caller going away (a closed tab, a stopped generation) says nothing about the
-    // provider: judged first, so a stream it cut short is never counted against the target.
-    let outcome = if e.is_some_and(|e| e.esource() == &ErrorSource::Downstream) {
-        Outcome::Cancelled
-    } else if ctx.served.is_some() && empty && signals.error.is_none() {
-        Outcome::Empty
-    } else if (ctx.stream_broken || errored_after_content) && ctx.served.is_some() {
-        Outcome::StreamAborted
-    } else if ctx.relay.refused_body().is_some() {
-        Outcome::ClientError
-    } else if ctx.served.is_some() {
-        Outcome::Ok
+    let upstream_broke = e.is_some_and(|e| e.esource() != &ErrorSource::Downstream);
+    let verdict = if upstream_broke && ctx.downstream.is_committed() {
+        super::response::judge_body(ctx, BodyEnd::Broken(Outcome::Reset))
     } else {
-        Outcome::Cancelled
+        Verdict::Ended(Outcome::Cancelled)
     };
-    ctx.finish_attempt(outcome);
+    super::settle::settle_open(ctx, verdict.outcome().unwrap_or(Outcome::Cancelled));
 }
 
 fn count(ctx: &RequestCtx, cost: u64) {
-    let Some(tables) = ctx.tables.as_ref() else {
-        return;
-    };
+    let tables = &*ctx.tables;
     let metrics = &tables.metrics;
     let none = tables.catalog.providers.len();
-    let served_provider = ctx.served.map_or(none, |a| a.provider.get());
-    let route = tables.route(ctx.route.unwrap_or(tables.unresolved)).metric;
-    metrics
-        .requests
-        .inc(&[route, served_provider, status_class_index(ctx.status)]);
-    if let (Some(usage), Some(served)) = (ctx.relay.signals().usage, ctx.served) {
+    let a = ctx.admitted.as_ref();
+    let served = a.and_then(|a| a.attempts.served);
+    let served_provider = served.map_or(none, |s| s.provider.get());
+    let route = tables
+        .route(a.map_or(tables.unresolved, |a| a.routed.route))
+        .metric;
+    metrics.requests.inc(&[
+        route,
+        served_provider,
+        status_class_index(ctx.downstream.status()),
+    ]);
+    let Some(a) = a else {
+        return;
+    };
+    if let (Some(usage), Some(served)) = (a.attempts.relay.signals().usage, served) {
         let p = served.provider.get();
         let catalog = &tables.catalog;
         // Ad-hoc deployments (`<provider>/<name>`) count under `direct`, after the models.
-        let model = ctx
+        let model = a
             .plan
-            .as_ref()
-            .and_then(|plan| plan.deployment(catalog, served.target.position))
+            .deployment(catalog, served.target.position)
             .and_then(|d| d.model)
             .map_or(catalog.models.len(), |m| m.get());
         let key = ctx
@@ -107,30 +103,26 @@ fn count(ctx: &RequestCtx, cost: u64) {
             }
         }
     }
-    if let Some(routed) = &ctx.routed {
-        match routed.via {
-            Via::Rule(n) => metrics.rule_matches.inc(&[n]),
-            Via::Policy {
-                policy,
-                selection,
-                rule,
-            } => {
-                if let Some(n) = rule {
-                    metrics.rule_matches.inc(&[n]);
-                }
-                let entries = tables.policies.iter().map(|p| p.entries.len()).max();
-                let entry = selection.entry.unwrap_or(entries.unwrap_or(0));
-                metrics.policy_selections.inc(&[policy.get(), entry]);
+    match a.routed.via {
+        Via::Rule(n) => metrics.rule_matches.inc(&[n]),
+        Via::Policy {
+            policy,
+            selection,
+            rule,
+        } => {
+            if let Some(n) = rule {
+                metrics.rule_matches.inc(&[n]);
             }
-            Via::Model => {}
+            let entries = tables.policies.iter().map(|p| p.entries.len()).max();
+            let entry = selection.entry.unwrap_or(entries.unwrap_or(0));
+            metrics.policy_selections.inc(&[policy.get(), entry]);
         }
+        Via::Model => {}
     }
-    if let Some(plan) = &ctx.plan {
-        for (reason, n) in plan.skip_counts() {
-            metrics.skipped.add(&[reason.index()], u64::from(n));
-        }
+    for (reason, n) in a.plan.skip_counts() {
+        metrics.skipped.add(&[reason.index()], u64::from(n));
     }
-    for rec in &ctx.log {
+    for rec in &a.attempts.log {
         let p = rec.provider.get();
         metrics.attempts.inc(&[p, rec.outcome.index()]);
         if rec.followed {
@@ -149,35 +141,31 @@ fn count(ctx: &RequestCtx, cost: u64) {
 /// carries the reported tokens and the cost. Only what a ledger needs is allocated, and only
 /// when one is configured.
 fn record(ctx: &RequestCtx, cost: u64, ledger: &Ledger) {
-    let Some(tables) = ctx.tables.as_ref() else {
-        return;
-    };
-    if ctx.log.is_empty() {
+    let tables = &*ctx.tables;
+    let Some(a) = ctx.admitted.as_ref().filter(|a| !a.attempts.log.is_empty()) else {
         // Refused or answered by signalbox itself: no attempt, no row (DESIGN §8).
         return;
-    }
+    };
     let catalog = &tables.catalog;
     let key = ctx
         .key
         .and_then(|k| tables.keys.as_ref().and_then(|keys| keys.get(k)));
-    let route = tables.route(ctx.route.unwrap_or(tables.unresolved));
+    let route = tables.route(a.routed.route);
     let request_id: Box<str> = ctx.request_id.to_str().unwrap_or("").into();
     let now = std::time::Instant::now();
-    let wall_ms = ctx.router.as_ref().map_or(0, |r| r.health.wall_ms());
-    let usage = ctx.relay.signals().usage.filter(|_| ctx.served.is_some());
-    let last = ctx.log.len() - 1;
+    let wall_ms = tables.health.shared.wall_ms();
+    let served_any = a.attempts.served.is_some();
+    let usage = a.attempts.relay.signals().usage.filter(|_| served_any);
+    let last = a.attempts.log.len() - 1;
     // Shared, not allocated per row: what a row names when the catalog has no such record.
     static DIRECT: std::sync::LazyLock<std::sync::Arc<str>> =
         std::sync::LazyLock::new(|| std::sync::Arc::from("direct"));
     let direct = &*DIRECT;
-    for (i, rec) in ctx.log.iter().enumerate() {
+    for (i, rec) in a.attempts.log.iter().enumerate() {
         let provider = catalog.provider(rec.provider);
         let (position, credential) = rec.target;
-        let deployment = ctx
-            .plan
-            .as_ref()
-            .and_then(|p| p.deployment(catalog, position));
-        let served = i == last && ctx.served.is_some();
+        let deployment = a.plan.deployment(catalog, position);
+        let served = i == last && served_any;
         let ago = now.saturating_duration_since(rec.started);
         #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
         let time_ms = wall_ms.saturating_sub(ago.as_millis() as u64) as i64;
@@ -219,28 +207,26 @@ fn access_line(ctx: &RequestCtx) {
     if !tracing::enabled!(target: "access", tracing::Level::INFO) {
         return;
     }
-    let Some(tables) = ctx.tables.as_ref() else {
-        return;
-    };
-    let provider = ctx
-        .served
-        .map_or("none", |a| &*tables.catalog.provider(a.provider).id);
-    let route = tables.route(ctx.route.unwrap_or(tables.unresolved));
-    let ttfb_ms = ctx
-        .served
-        .and_then(|a| a.header_at.map(|h| millis(h.duration_since(a.started))));
-    let usage = ctx.relay.signals().usage.filter(|_| ctx.served.is_some());
+    let tables = &*ctx.tables;
+    let a = ctx.admitted.as_ref();
+    let served = a.and_then(|a| a.attempts.served);
+    let provider = served.map_or("none", |s| &*tables.catalog.provider(s.provider).id);
+    let route = tables.route(a.map_or(tables.unresolved, |a| a.routed.route));
+    let ttfb_ms = served.and_then(|s| s.header_at.map(|h| millis(h.duration_since(s.started))));
+    let usage = a
+        .and_then(|a| a.attempts.relay.signals().usage)
+        .filter(|_| served.is_some());
     tracing::info!(
         target: "access",
         request_id = %ctx.request_id.to_str().unwrap_or(""),
         route = %route.label,
         provider = %provider,
-        status = ctx.status.unwrap_or(0),
-        attempts = ctx.attempts,
+        status = ctx.downstream.status().unwrap_or(0),
+        attempts = a.map_or(0, |a| a.attempts.made),
         tried = %Tried {
             tables,
-            plan: ctx.plan.as_ref(),
-            log: &ctx.log,
+            plan: a.map(|a| &a.plan),
+            log: a.map_or(&[][..], |a| &a.attempts.log),
         },
         ttfb_ms,
         duration_ms = millis(ctx.started.elapsed()),
@@ -250,7 +236,7 @@ fn access_line(ctx: &RequestCtx) {
             .local_error
             .as_ref()
             .map(|e| tracing::field::display(e.code.as_str())),
-        stream_broken = ctx.stream_broken,
+        stream_broken = ctx.downstream.is_broken(),
     );
 }
 

@@ -1,17 +1,15 @@
 //! Intake: everything before the first attempt that is about the caller's request itself —
 //! the endpoint and method, the header budget, `Expect: 100-continue`, reading and bounding
 //! the body (arranged for replay, see [`super::body`]) and scanning it once — then handing it
-//! to planning. Signalbox's own answers at this stage (`GET /v1/models`, refusals) are
-//! written here.
-
-use std::sync::Arc;
+//! to planning, and the planned request to its driver (signalbox's own, or Pingora's proxy
+//! loop). Signalbox's own answers at this stage (`GET /v1/models`, refusals) are written here.
 
 use http::{header, Method};
 use pingora_proxy::Session;
 
 use super::body::{self, BodyError, Framing};
 use super::ctx::RequestCtx;
-use super::{access, hold, planning, respond};
+use super::{access, driven, planning, respond};
 use crate::adapters::caller::CallerRequest;
 use crate::adapters::surface::{Dialect, Surface};
 use crate::error::{ErrorCode, GatewayError};
@@ -19,20 +17,16 @@ use crate::metrics::Metrics;
 use crate::routing::{Router, Tables};
 use pingora_core::connectors::http::Connector;
 
-/// Admit a request: `Ok(true)` when signalbox answered it itself or served it through the hold
-/// path, `Ok(false)` when a first target is pending for `upstream_peer` (the fast path).
+/// Admit a request: `Ok(true)` when signalbox answered it itself or served it with its own
+/// driver, `Ok(false)` when a first target is pending for `upstream_peer` (the fast path).
 pub async fn admit(
     session: &mut Session,
     ctx: &mut RequestCtx,
-    router: &Arc<Router>,
+    router: &Router,
     metrics: &Metrics,
     connector: &Connector,
 ) -> pingora_error::Result<bool> {
-    let tables = router.tables.load_full();
-    ctx.route = Some(tables.unresolved);
-    ctx.max_attempts = tables.failover.max_attempts;
-    ctx.tables = Some(tables.clone());
-    ctx.router = Some(router.clone());
+    let tables = ctx.tables.clone();
     metrics.in_flight.inc();
     ctx.in_flight = true;
 
@@ -72,24 +66,31 @@ pub async fn admit(
                         .get(&respond::names::X_LLM_ROUTE)
                         .map(http::HeaderValue::as_bytes);
                     access::admit(ctx, &tables, &request, route).and_then(|()| {
-                        planning::plan_request(session, ctx, router, &tables, request)
-                            .map(|()| own_replay)
+                        planning::plan_request(session, ctx, router, request, own_replay)
                             .inspect_err(|_| access::refund(ctx, &tables))
                     })
                 }
             },
         },
     };
-    match admitted {
-        Ok(own_replay) if hold::applies(ctx, &tables, own_replay) => {
-            hold::serve(session, ctx, connector).await
+    let refusal = match admitted {
+        Ok(admitted) => {
+            let driven = admitted.driven;
+            ctx.admitted = Some(admitted);
+            match planning::first_target_missing(ctx) {
+                None if driven => return driven::serve(session, ctx, router, connector).await,
+                None => return Ok(false),
+                Some(refusal) => {
+                    // Nothing was called: the request consumes none of the key's limits.
+                    access::refund(ctx, &tables);
+                    refusal
+                }
+            }
         }
-        Ok(_) => Ok(false),
-        Err(refusal) => {
-            respond::write_error(session, ctx, refusal).await?;
-            Ok(true)
-        }
-    }
+        Err(refusal) => refusal,
+    };
+    respond::write_error(session, ctx, refusal).await?;
+    Ok(true)
 }
 
 /// The request line and headers: the endpoint, the method, the header budget.

@@ -3,40 +3,46 @@
 //!
 //! ```text
 //! request_filter           intake    read + bound the body, scan it once; planning: resolve
-//!                                    the model, build the plan from one snapshot load, take
-//!                                    the first target (or answer); hold: streams under the
-//!                                    first-chunk hold (and bodies only it can replay) are
-//!                                    served here, attempt by attempt, and Pingora only logs
-//! upstream_peer            attempt   the pending target as an HttpPeer (pre-resolved address,
-//!                                    TLS/SNI, timeouts), its body; counts the attempt
+//!                                    the model, build the plan from the request's snapshot,
+//!                                    fix its attempt rules, take the first target (or
+//!                                    answer); driven: what must be held until its commit
+//!                                    point (whole answers, held streams, translations, bodies
+//!                                    only signalbox can replay) is served here, attempt by
+//!                                    attempt, and Pingora only logs
+//! upstream_peer            fast      the next target as an HttpPeer (after its backoff)
 //! upstream_request_filter  attempt   per-target header rewrite: auth, host, path, length
 //! request_body_filter      attempt   Pingora replays its retry-buffer tail: swap in the body
-//! upstream_response_filter response  classify the status; a failover status returns Err
-//!                                    before the header reaches the client, so Pingora's loop
-//!                                    calls upstream_peer again
-//! response_filter          response  routing headers; from here on the request is committed
-//! response_body_filter     response  model rewrite (JSON / SSE), stream accounting, broken-
-//!                                    stream events
-//! fail_to_connect,         failure   classify, record, take the next target (planning),
-//! error_while_proxy                  retry iff nothing reached the client and budgets allow
-//! fail_to_proxy            failure   the final answer in signalbox's words (or an SSE event)
-//! logging                  emit      metrics and the access line, once per request
+//! upstream_response_filter fast      judge the status; a failover status returns Err before
+//!                                    the header reaches the client, so Pingora's loop calls
+//!                                    upstream_peer again
+//! response_filter          fast      routing headers; from here on the request is committed
+//! response_body_filter     fast      the relay (model rewrite, JSON / SSE), and at the end
+//!                                    how the attempt ended (a broken stream's error event)
+//! fail_to_connect,         fast      judge, settle, take the next attempt: Pingora retries
+//! error_while_proxy                  iff one may run and nothing reached the client
+//! fail_to_proxy            fast      the final answer in signalbox's words (or an SSE event)
+//! logging                  emit      metrics, ledger rows and the access line, once
 //! ```
 //!
-//! `respond` writes what signalbox answers itself (errors, `/v1/models`, routing headers);
-//! `ctx` is the one typed context the rooms share; `body` is how any body size is replayed.
+//! Both drivers — `fast` (Pingora's proxy loop) and `driven` (signalbox's own) — describe what
+//! the provider sent to the verdict core (`crate::attempt`) and apply its verdict through
+//! `settle`: the one place an attempt's outcome reaches health, the request's failure log and
+//! the next target. `response` is the header and body handling they share; `respond` writes
+//! what signalbox answers itself (errors, `/v1/models`, routing headers); `ctx` is the typed
+//! context; `body` is how any body size is replayed.
 
 pub mod access;
 pub mod attempt;
 pub mod body;
 pub mod ctx;
+pub mod driven;
 pub mod emit;
-pub mod failure;
-pub mod hold;
+pub mod fast;
 pub mod intake;
 pub mod planning;
 pub mod respond;
 pub mod response;
+pub mod settle;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,7 +94,8 @@ impl ProxyHttp for Gateway {
     type CTX = Box<RequestCtx>;
 
     fn new_ctx(&self) -> Self::CTX {
-        Box::new(RequestCtx::new())
+        // The one snapshot load of the request: kept for its whole life.
+        Box::new(RequestCtx::new(self.router.tables.load_full()))
     }
 
     async fn request_filter(
@@ -104,7 +111,7 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         ctx: &mut Self::CTX,
     ) -> pingora_error::Result<Box<HttpPeer>> {
-        attempt::begin(ctx)
+        fast::peer(ctx).await
     }
 
     async fn upstream_request_filter(
@@ -136,7 +143,7 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         ctx: &mut Self::CTX,
     ) -> pingora_error::Result<()> {
-        response::on_upstream_header(ctx, upstream_response)
+        fast::on_upstream_header(ctx, upstream_response)
     }
 
     async fn response_filter(
@@ -145,13 +152,13 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         ctx: &mut Self::CTX,
     ) -> pingora_error::Result<()> {
-        response::on_header(ctx, upstream_response);
+        fast::on_header(&self.router, ctx, upstream_response);
         Ok(())
     }
 
     fn response_body_filter(
         &self,
-        session: &mut Session,
+        _session: &mut Session,
         body: &mut Option<Bytes>,
         end_of_stream: bool,
         ctx: &mut Self::CTX,
@@ -159,10 +166,7 @@ impl ProxyHttp for Gateway {
     where
         Self::CTX: Send + Sync,
     {
-        let header_written = session
-            .response_written()
-            .is_some_and(|r| !r.status.is_informational());
-        response::on_body(ctx, body, end_of_stream, header_written)?;
+        fast::on_body(ctx, body, end_of_stream);
         Ok(None)
     }
 
@@ -173,7 +177,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut Self::CTX,
         e: Box<Error>,
     ) -> Box<Error> {
-        failure::on_connect_failure(ctx, e)
+        fast::on_connect_failure(ctx, e)
     }
 
     fn error_while_proxy(
@@ -184,7 +188,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut Self::CTX,
         client_reused: bool,
     ) -> Box<Error> {
-        failure::on_proxy_error(session, ctx, e, client_reused)
+        fast::on_proxy_error(session, ctx, e, client_reused)
     }
 
     async fn fail_to_proxy(
@@ -196,7 +200,7 @@ impl ProxyHttp for Gateway {
     where
         Self::CTX: Send + Sync,
     {
-        failure::answer(session, e, ctx).await
+        fast::answer(session, e, ctx).await
     }
 
     async fn logging(&self, _session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX)

@@ -1,68 +1,90 @@
-//! Planning: from a scanned request to the first target, and from a failure to the next.
+//! Planning: from a scanned request to its plan and first target, and from a failure to the
+//! next target.
 //!
 //! Reads what the request says about where it goes (`x-llm-route`, `x-llm-router`,
 //! `x-llm-metadata`, the body's `routing`), has `routing::decide` choose the route and build
-//! the plan from one snapshot load, and asks the plan for targets. The plan decides without side effects; this room
-//! applies what it claims — a half-open target's probe slot (a request that loses the race
-//! moves on), the provider's credential-rotation cursor — and commits the choice.
+//! the plan from the request's snapshot, fixes the rules its attempts run under (attempt
+//! bounds, same-target retries, the commit point, which driver runs them), and asks the plan
+//! for targets. The plan decides without side effects; this room applies what it claims — a
+//! half-open target's probe slot (held by the next attempt from here; a request that loses the
+//! race moves on), the provider's credential-rotation cursor — and commits the choice.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use pingora_proxy::Session;
 
-use super::ctx::RequestCtx;
+use super::ctx::{Admitted, Attempts, NextTarget, RequestCtx};
 use super::{access, respond};
 use crate::adapters::caller::CallerRequest;
-use crate::adapters::surface::Conversion;
+use crate::adapters::surface::{Conversion, Surface};
+use crate::attempt::{
+    Advance, CommitAt, FailureLog, NoCall, RetryOn, RetryRules, SameTarget, Terms,
+};
 use crate::catalog::stable_hash;
 use crate::error::{ErrorCode, GatewayError};
-use crate::retry::Advance;
+use crate::health::HealthRegistry;
 use crate::routing::decide::{self, SteeringHeaders, Via};
-use crate::routing::plan::{
-    prefix_hash, session_tag, Plan, PlanEnv, RequestFacts, SkipReason, Target,
-};
+use crate::routing::plan::{prefix_hash, session_tag, Plan, PlanEnv, RequestFacts, SkipReason};
 use crate::routing::{Router, Strategy, Tables};
 
-/// The plan's view of the world for one decision.
-pub fn plan_env<'a>(router: &Router, tables: &'a Tables) -> PlanEnv<'a> {
+/// The plan's view of the world for one decision: the snapshot's catalog and health, now.
+pub fn plan_env(tables: &Tables) -> PlanEnv<'_> {
+    let shared = &tables.health.shared;
     PlanEnv {
         catalog: &tables.catalog,
         health: &tables.health,
-        now_ms: router.health.now_ms(),
-        wall_s: router.health.wall_s(),
-        degraded: router.health.degraded.is_degraded(),
+        now_ms: shared.now_ms(),
+        wall_s: shared.wall_s(),
+        degraded: shared.degraded.is_degraded(),
     }
 }
 
 /// The next target of the plan, with what the plan claimed applied: the half-open probe slot
-/// (lost to a concurrent request: skip the target and ask again) and the credential cursor.
-pub fn next_target(plan: &mut Plan, env: &PlanEnv<'_>, mut advance: Advance) -> Option<Target> {
+/// (held by the returned target; lost to a concurrent request: skip the target and ask again)
+/// and the credential cursor.
+pub fn next_target(
+    plan: &mut Plan,
+    env: &PlanEnv<'_>,
+    health: &Arc<HealthRegistry>,
+    mut advance: Advance,
+) -> Option<NextTarget> {
     loop {
         let choice = plan.next(env, advance)?;
-        if choice.target.probe && !env.health.try_claim_probe(choice.health_ref) {
-            plan.probe_lost(&choice);
-            advance = Advance::NextDeployment;
-            continue;
-        }
+        let claim = if choice.target.probe {
+            let Some(claim) = health.try_claim_probe(choice.health_ref) else {
+                plan.probe_lost(&choice);
+                advance = Advance::NextDeployment;
+                continue;
+            };
+            Some(claim)
+        } else {
+            None
+        };
         env.catalog
             .provider(choice.rotate)
             .credential_cursor
             .fetch_add(1, Ordering::Relaxed);
         plan.commit(&choice);
-        return Some(choice.target);
+        return Some(NextTarget {
+            target: choice.target,
+            claim,
+            delay: std::time::Duration::ZERO,
+        });
     }
 }
 
-/// Decide the route, build the plan from one snapshot and pick the first target. Records the
-/// decision, the plan and the target in `ctx`; a refusal is the answer to send.
+/// Decide the route, build the plan from the request's snapshot, fix its rules and pick the
+/// first target (none when nothing can be called: see [`first_target_missing`]). `own_replay`:
+/// only signalbox's own driver can replay the body. A refusal is the answer to send.
 pub fn plan_request(
     session: &Session,
-    ctx: &mut RequestCtx,
+    ctx: &RequestCtx,
     router: &Router,
-    tables: &Arc<Tables>,
     request: CallerRequest,
-) -> Result<(), GatewayError> {
+    own_replay: bool,
+) -> Result<Admitted, GatewayError> {
+    let tables = &*ctx.tables;
     let headers = &session.req_header().headers;
     let value = |name: &http::HeaderName| headers.get(name).map(http::HeaderValue::as_bytes);
     let steering_headers = SteeringHeaders::read(
@@ -76,17 +98,28 @@ pub fn plan_request(
     steering.key = access::facts(ctx, tables);
     let routed = decide::route(tables, &steering).map_err(|e| e.answer(&request))?;
     let route = tables.route(routed.route);
-    ctx.route = Some(routed.route);
+    let failover = &tables.failover;
+    let mut rules = RetryRules {
+        max_attempts: failover.max_attempts,
+        deadline: failover.deadline,
+        same_target: SameTarget {
+            attempts: failover.transient_retries,
+            backoff: failover.transient_backoff,
+            on: RetryOn::Transient,
+        },
+    };
+    let mut failover_on_client_error = false;
     if let Via::Policy { policy, .. } = routed.via {
         let p = tables.policy(policy);
-        ctx.max_attempts = p.max_attempts.unwrap_or(ctx.max_attempts);
-        ctx.failover_on_client_error = p.failover_on_client_error;
+        rules.max_attempts = p.max_attempts.unwrap_or(rules.max_attempts);
+        rules.same_target = p.retry.unwrap_or(rules.same_target);
+        failover_on_client_error = p.failover_on_client_error;
     }
-    ctx.session = headers
+    let session_hash = headers
         .get(respond::names::X_LLM_SESSION)
         .filter(|v| !v.is_empty() && v.len() <= 256)
         .map(|v| stable_hash(v.as_bytes()));
-    let env = plan_env(router, tables);
+    let env = plan_env(tables);
     let facts = RequestFacts {
         input_tokens: request.prompt_tokens(),
         output_tokens: request
@@ -94,7 +127,7 @@ pub fn plan_request(
             .unwrap_or(decide::DEFAULT_OUTPUT_TOKENS),
         prefix_hash: (routed.strategy == Strategy::PrefixAffinity)
             .then(|| prefix_hash(request.prompt(), tables.routing.prefix_bytes)),
-        session: ctx.session.and_then(|h| router.sessions.get(h, env.now_ms)),
+        session: session_hash.and_then(|h| router.sessions.get(h, env.now_ms)),
         round_robin: route.round_robin.fetch_add(1, Ordering::Relaxed),
         // Request ids are unique per request: a fresh seed for this request's draws.
         seed,
@@ -103,73 +136,128 @@ pub fn plan_request(
     };
     let rankings = router.rankings.load();
     let mut plan = decide::plan(tables, &rankings, &env, &routed, facts);
-    ctx.pending = next_target(&mut plan, &env, Advance::NextDeployment);
+    let first = next_target(&mut plan, &env, &tables.health, Advance::NextDeployment);
     // Whether a candidate speaks the other dialect: only looked for when the catalog has a
     // provider that would (a handful of providers, not every candidate, on the common path).
     let translating = |kind| ctx.surface.served_by(kind) != Some(Conversion::Same);
-    ctx.translates = tables.catalog.providers.iter().any(|p| translating(p.kind))
+    let translates = tables.catalog.providers.iter().any(|p| translating(p.kind))
         && (0..plan.len()).any(|position| {
             plan.deployment(&tables.catalog, position)
                 .is_some_and(|d| translating(tables.catalog.provider(d.provider).kind))
         });
-    ctx.request = Some(request);
-    ctx.routed = Some(routed);
-    let refusal = ctx.pending.is_none().then(|| {
-        let err = ctx.failures.final_error(plan.no_call());
-        let only_endpoint = plan.skip_counts().all(|(r, _)| r == SkipReason::Endpoint)
-            && plan.skip_counts().next().is_some();
-        match err.code {
-            // Every candidate's provider kind lacks this endpoint: the config says so, retrying
-            // cannot help.
-            ErrorCode::NoProviderAvailable if only_endpoint => GatewayError::new(
-                ErrorCode::EndpointNotSupported,
-                format!(
-                    "no provider of this model serves {}",
-                    ctx.surface.endpoint_path()
-                ),
+    let stream = request.stream();
+    // Pingora's proxy loop writes an answer's header as soon as it arrives: it serves only
+    // what commits there, a same-dialect stream with the first-chunk hold off. Everything else
+    // (whole answers held until complete, held streams, translations, bodies only signalbox
+    // can replay, refusals read before they are relayed) is driven by signalbox itself.
+    let driven = !stream
+        || failover.first_chunk_hold.is_some()
+        || translates
+        || own_replay
+        || failover_on_client_error;
+    let commit_at = match (stream, driven) {
+        (false, _) => CommitAt::WholeBody,
+        (true, true) => CommitAt::FirstContent,
+        (true, false) => CommitAt::Header,
+    };
+    Ok(Admitted {
+        request,
+        routed,
+        plan,
+        rules,
+        terms: Terms {
+            commit_at,
+            failover_on_client_error,
+        },
+        driven,
+        translates,
+        session: session_hash,
+        seed,
+        attempts: Attempts::new(first),
+    })
+}
+
+/// The refusal for an admitted request whose plan has no first target (nothing to call).
+pub fn first_target_missing(ctx: &RequestCtx) -> Option<GatewayError> {
+    let a = ctx.admitted.as_ref()?;
+    a.attempts.next.is_none().then(|| {
+        no_target_error(
+            &a.plan,
+            &a.attempts.failures,
+            ctx.surface,
+            &plan_env(&ctx.tables),
+        )
+    })
+}
+
+/// What the caller is told when the plan has no (further) target: the attempts' failures when
+/// there were any, else why nothing could be called — a fail-fast 503 with when the soonest
+/// candidate frees up, a 429 for full windows or spent budgets, an endpoint no candidate's
+/// provider serves.
+pub fn no_target_error(
+    plan: &Plan,
+    failures: &FailureLog,
+    surface: Surface,
+    env: &PlanEnv<'_>,
+) -> GatewayError {
+    let no_call = plan.no_call();
+    let err = failures.final_error(no_call);
+    if failures.failures() > 0 {
+        return err;
+    }
+    let only_endpoint = plan.skip_counts().next().is_some()
+        && plan.skip_counts().all(|(r, _)| r == SkipReason::Endpoint);
+    match (err.code, no_call) {
+        // Every candidate's provider kind lacks this endpoint: the config says so, retrying
+        // cannot help.
+        (ErrorCode::NoProviderAvailable, _) if only_endpoint => GatewayError::new(
+            ErrorCode::EndpointNotSupported,
+            format!(
+                "no provider of this model serves {}",
+                surface.endpoint_path()
             ),
-            // Fail fast: tell the caller when the soonest candidate frees up, and why none
-            // could be called (reasons only: no provider is named).
-            ErrorCode::NoProviderAvailable => {
-                let secs = plan.soonest_ms().map_or(1, |until| {
-                    until.saturating_sub(env.now_ms).div_ceil(1000).max(1)
-                });
-                err.with_retry_after(Some(secs))
-                    .with_skipped(plan.skip_counts().map(|(r, n)| (r.as_str(), n)).collect())
-            }
-            ErrorCode::BudgetExceeded => {
-                err.with_retry_after(Some(plan.budget_frees_s().unwrap_or(3_600)))
-            }
-            ErrorCode::RateLimited => {
-                let secs = plan
-                    .rpm_frees_ms()
-                    .map_or(1, |at| at.saturating_sub(env.now_ms).div_ceil(1000).max(1));
-                err.with_retry_after(Some(secs))
-            }
-            _ => err,
+        ),
+        // Fail fast: tell the caller when the soonest candidate frees up, and why none could
+        // be called (reasons only: no provider is named).
+        (ErrorCode::NoProviderAvailable, _) => {
+            let secs = plan.soonest_ms().map_or(1, |until| {
+                until.saturating_sub(env.now_ms).div_ceil(1000).max(1)
+            });
+            err.with_retry_after(Some(secs))
+                .with_skipped(plan.skip_counts().map(|(r, n)| (r.as_str(), n)).collect())
         }
-    });
-    ctx.plan = Some(plan);
-    refusal.map_or(Ok(()), Err)
+        (ErrorCode::BudgetExceeded, NoCall::OverBudget) => {
+            err.with_retry_after(Some(plan.budget_frees_s().unwrap_or(3_600)))
+        }
+        (ErrorCode::RateLimited, NoCall::RateLimited) => {
+            let secs = plan
+                .rpm_frees_ms()
+                .map_or(1, |at| at.saturating_sub(env.now_ms).div_ceil(1000).max(1));
+            err.with_retry_after(Some(secs))
+        }
+        _ => err,
+    }
 }
 
 /// A successful answer binds the caller's session (`x-llm-session`) to the deployment that
 /// served it. Done when the header goes out, so the caller's next request already sees it.
-pub fn bind_session(ctx: &RequestCtx) {
-    let (Some(hash), Some(router), Some(tables), Some(plan), Some(served)) = (
-        ctx.session,
-        &ctx.router,
-        &ctx.tables,
-        &ctx.plan,
-        &ctx.served,
-    ) else {
+pub fn bind_session(router: &Router, ctx: &RequestCtx) {
+    let Some(a) = &ctx.admitted else {
         return;
     };
-    if let Some(d) = plan.deployment(&tables.catalog, served.target.position) {
+    let (Some(hash), Some(served)) = (a.session, a.attempts.served) else {
+        return;
+    };
+    if let Some(d) = a
+        .plan
+        .deployment(&ctx.tables.catalog, served.target.position)
+    {
         if d.model.is_some() {
-            router
-                .sessions
-                .put(hash, session_tag(d.key_hash), router.health.now_ms());
+            router.sessions.put(
+                hash,
+                session_tag(d.key_hash),
+                ctx.tables.health.shared.now_ms(),
+            );
         }
     }
 }

@@ -9,7 +9,7 @@ use http::{HeaderName, HeaderValue};
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 
-use super::ctx::RequestCtx;
+use super::ctx::{Downstream, RequestCtx};
 use crate::adapters::chat_messages::gateway_error_to_anthropic;
 use crate::adapters::surface::Dialect;
 use crate::error::GatewayError;
@@ -34,14 +34,14 @@ pub async fn write_json(
     if let Some(secs) = retry_after {
         resp.insert_header("retry-after", secs)?;
     }
-    if ctx.attempts > 0 {
-        resp.insert_header("x-llm-attempts", ctx.attempts)?;
+    let attempts = ctx.admitted.as_ref().map_or(0, |a| a.attempts.made);
+    if attempts > 0 {
+        resp.insert_header("x-llm-attempts", attempts)?;
     }
-    if let Some(route) = ctx.tables.as_ref().and_then(|t| route_header(ctx, t)) {
+    if let Some(route) = route_header(ctx, &ctx.tables) {
         resp.insert_header("x-llm-route", route)?;
     }
-    ctx.status = Some(status);
-    ctx.committed = true;
+    ctx.downstream = Downstream::Committed { status };
     session.write_response_header(Box::new(resp), false).await?;
     session.write_response_body(Some(body), true).await
 }
@@ -144,9 +144,14 @@ pub fn add_routing_headers(
             headers.remove(name);
         }
         headers.insert(names::X_REQUEST_ID, ctx.request_id.clone());
-        let (Some(tables), Some(served), Some(plan)) = (&ctx.tables, &ctx.served, &ctx.plan) else {
+        let tables = &*ctx.tables;
+        let Some(a) = &ctx.admitted else {
             return;
         };
+        let Some(served) = &a.attempts.served else {
+            return;
+        };
+        let plan = &a.plan;
         let catalog = &tables.catalog;
         let Some(deployment) = plan.deployment(catalog, served.target.position) else {
             return;
@@ -157,11 +162,11 @@ pub fn add_routing_headers(
         headers.insert(names::X_LLM_MODEL, deployment.model_header.clone());
         if let Some(route) = route_header(ctx, tables) {
             headers.insert(names::X_LLM_ROUTE, route);
-            if let Some(reason) = routing_reason(tables, plan, ctx.routed.as_ref()) {
+            if let Some(reason) = routing_reason(tables, plan, Some(&a.routed)) {
                 headers.insert(names::X_LLM_ROUTING_REASON, reason);
             }
         }
-        headers.insert(names::X_LLM_ATTEMPTS, HeaderValue::from(ctx.attempts));
+        headers.insert(names::X_LLM_ATTEMPTS, HeaderValue::from(a.attempts.made));
         // A fallback: another candidate than the plan's first served (the first failed, or
         // was skipped without a call). Another key of the same deployment is not one.
         let fallback = plan.first_position() != Some(served.target.position);
@@ -216,13 +221,14 @@ impl ValueBuf {
 /// `x-llm-route`: the rule that sent the request (`rule:<n>`), else its route's label
 /// (`policy:<name>`, `model:<name>`, ...).
 fn route_header(ctx: &RequestCtx, tables: &Tables) -> Option<HeaderValue> {
-    let rule = match ctx.routed.as_ref().map(|r| r.via) {
-        Some(Via::Rule(n) | Via::Policy { rule: Some(n), .. }) => tables.rules.get(n),
+    let routed = &ctx.admitted.as_ref()?.routed;
+    let rule = match routed.via {
+        Via::Rule(n) | Via::Policy { rule: Some(n), .. } => tables.rules.get(n),
         _ => None,
     };
     match rule {
         Some(r) => Some(r.header.clone()),
-        None => ctx.route.map(|r| tables.route(r).header.clone()),
+        None => Some(tables.route(routed.route).header.clone()),
     }
 }
 
@@ -311,9 +317,21 @@ pub fn estimate_input_tokens(body_len: usize) -> u64 {
 /// `gateway;dur=…, upstream;dur=…, total;dur=…` in milliseconds to a tenth (integer
 /// arithmetic: float formatting costs more than the rest of the header).
 fn server_timing(ctx: &RequestCtx, now: Instant) -> Option<HeaderValue> {
-    let total = now.saturating_duration_since(ctx.started);
-    let first = ctx.first_attempt_at.unwrap_or(now);
-    let gateway = first.saturating_duration_since(ctx.started);
+    server_timing_value(
+        ctx.started,
+        ctx.admitted.as_ref().and_then(|a| a.attempts.first_at),
+        now,
+    )
+}
+
+fn server_timing_value(
+    started: Instant,
+    first_attempt_at: Option<Instant>,
+    now: Instant,
+) -> Option<HeaderValue> {
+    let total = now.saturating_duration_since(started);
+    let first = first_attempt_at.unwrap_or(now);
+    let gateway = first.saturating_duration_since(started);
     let upstream = now.saturating_duration_since(first);
     let mut out = ValueBuf::new();
     out.push(b"gateway;dur=");
@@ -333,27 +351,25 @@ mod tests {
 
     #[test]
     fn server_timing_is_tenths_of_a_millisecond_rounded() {
-        let mut ctx = RequestCtx::new();
         let now = Instant::now();
-        ctx.started = now - Duration::from_micros(2_340);
-        ctx.first_attempt_at = Some(ctx.started + Duration::from_micros(100));
-        let value = server_timing(&ctx, now).expect("visible ASCII");
+        let started = now - Duration::from_micros(2_340);
+        let first = Some(started + Duration::from_micros(100));
+        let value = server_timing_value(started, first, now).expect("visible ASCII");
         assert_eq!(
             value.to_str().ok(),
             Some("gateway;dur=0.1, upstream;dur=2.2, total;dur=2.3")
         );
         // No attempt yet (an answer signalbox gave itself): all of it is gateway time.
-        ctx.first_attempt_at = None;
-        ctx.started = now - Duration::from_millis(12);
-        let value = server_timing(&ctx, now).expect("visible ASCII");
+        let started = now - Duration::from_millis(12);
+        let value = server_timing_value(started, None, now).expect("visible ASCII");
         assert_eq!(
             value.to_str().ok(),
             Some("gateway;dur=12.0, upstream;dur=0.0, total;dur=12.0")
         );
         // Several digits, and a tenth that rounds up into the next millisecond.
-        ctx.started = now - Duration::from_micros(1_234_960);
-        ctx.first_attempt_at = Some(now - Duration::from_micros(1_001));
-        let value = server_timing(&ctx, now).expect("visible ASCII");
+        let started = now - Duration::from_micros(1_234_960);
+        let first = Some(now - Duration::from_micros(1_001));
+        let value = server_timing_value(started, first, now).expect("visible ASCII");
         assert_eq!(
             value.to_str().ok(),
             Some("gateway;dur=1234.0, upstream;dur=1.0, total;dur=1235.0")
@@ -377,7 +393,11 @@ mod tests {
         resp.insert_header("Content-Type", "application/json")
             .unwrap();
         resp.insert_header("Set-Cookie", "a=b").unwrap();
-        let mut ctx = RequestCtx::new();
+        let tables = crate::testing::Fixture::new(
+            "providers:\n  a: { kind: openai, base_url: \"http://127.0.0.1:1/v1\" }\nmodels:\n  m: { deployments: [{ provider: a, model: x }] }\n",
+        )
+        .tables();
+        let mut ctx = RequestCtx::new(std::sync::Arc::new(tables));
         ctx.request_id = HeaderValue::from_static("abc");
         add_routing_headers(&mut resp, &ctx, Instant::now(), &[http::header::SET_COOKIE]);
         assert_eq!(resp.status.as_u16(), 201);

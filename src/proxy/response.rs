@@ -1,21 +1,23 @@
-//! The response on its way back: the upstream status decides (relay, refuse in signalbox's
-//! words, or fail over before anything reaches the client); the header gets the routing
-//! headers and commits the request; the body gets the caller's `model` name back (JSON and
-//! every SSE event) and a broken stream gets an in-band error event instead of a clean end.
+//! The response on its way back, the same for both drivers: the upstream header is read (its
+//! status and time recorded, a credential the provider says is exhausted rested, a failure's
+//! `Retry-After` taken) and judged; the body's relay is set up (the caller's `model` back in
+//! JSON and every SSE event, a translation, a refusal in signalbox's words); the header that
+//! commits gets the routing headers; a committed stream that ends badly gets the dialect's
+//! error event in-band instead of a clean end.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderName, HeaderValue};
-use pingora_error::{Error, ErrorType};
 use pingora_http::ResponseHeader;
 
-use super::ctx::RequestCtx;
-use super::{planning, respond};
+use super::ctx::{Broke, Downstream, RequestCtx};
+use super::respond;
 use crate::adapters::caller::CallerRequest;
 use crate::adapters::relay::{is_context_length_error, stream_error_event, Relay, Reply};
+use crate::adapters::surface::Conversion;
+use crate::attempt::{self, BodyEnd, Outcome, Sent, Verdict};
 use crate::limits::provider::exhausted_for;
-use crate::retry::{self, Advance, Outcome, StatusVerdict};
 
 /// Response headers of the provider that describe its account, not the answer.
 static DROPPED_RESPONSE_HEADERS: [HeaderName; 3] = [
@@ -23,82 +25,69 @@ static DROPPED_RESPONSE_HEADERS: [HeaderName; 3] = [
     HeaderName::from_static("openai-organization"),
     HeaderName::from_static("openai-project"),
 ];
-/// Cap on an upstream `Retry-After` relayed to callers.
+/// Cap on a provider's `Retry-After` when `health.max_ejection` sets none.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(3600);
 
-/// `upstream_response_filter`: classify the status. A failover status returns `Err` before
-/// the header reaches the client, so Pingora's loop calls `upstream_peer` again.
-pub fn on_upstream_header(
-    ctx: &mut RequestCtx,
-    upstream_response: &mut ResponseHeader,
-) -> pingora_error::Result<()> {
+/// Read and judge the live attempt's response header (not a 1xx). Sets up the relay of the
+/// body for every verdict that reads it (an answer, a refusal); a failure's `Retry-After` is
+/// kept for health.
+pub fn read_header(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader) -> Verdict {
     let status = upstream_response.status.as_u16();
-    if upstream_response.status.is_informational() {
-        return Ok(());
-    }
-    if let Some(a) = ctx.current.as_mut() {
-        a.header_at = Some(Instant::now());
-        a.status = Some(status);
-    }
-    rest_exhausted_credential(ctx, upstream_response);
-    match retry::classify_status(status) {
-        StatusVerdict::Success => {
-            choose_relay(ctx, upstream_response);
-            ctx.served = ctx.current;
-            Ok(())
+    let Some(a) = ctx.admitted.as_mut() else {
+        return Verdict::Retry {
+            outcome: Outcome::LocalError,
+            scope: attempt::Scope::Deployment,
+        };
+    };
+    let tables = &ctx.tables;
+    let health = &tables.health;
+    let Some(live) = a.attempts.live.as_mut() else {
+        return Verdict::Retry {
+            outcome: Outcome::LocalError,
+            scope: attempt::Scope::Deployment,
+        };
+    };
+    live.header_at = Some(Instant::now());
+    live.status = Some(status);
+    let wall = health.shared.clock.wall();
+    // A provider that says (in its rate-limit headers) that this credential has used up a
+    // window gets it rested until the window resets: later requests take another credential
+    // or candidate instead of earning the provider's 429.
+    if let Some(wait) = exhausted_for(&upstream_response.headers, wall) {
+        if let Some(c) = health.credential(live.provider, live.target.credential) {
+            let millis = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+            c.on_exhausted(health.shared.now_ms().saturating_add(millis));
         }
-        StatusVerdict::Relay => {
-            // Under a policy that fails over on client errors, the refusal is read first (a
-            // context-length error moves to a larger context window only): the decision is
-            // made on the body, before the header goes out.
-            ctx.client_error_pending = ctx.failover_on_client_error;
-            ctx.relay = Relay::refusal(ctx.surface, ctx.conversion, status);
-            let mut fresh = ResponseHeader::build(status, Some(4))?;
-            fresh.insert_header("content-type", "application/json")?;
-            fresh.insert_header("transfer-encoding", "chunked")?;
-            *upstream_response = fresh;
-            ctx.served = ctx.current;
-            Ok(())
-        }
-        StatusVerdict::Failover { outcome, advance } => {
-            let wall = ctx
-                .router
-                .as_ref()
-                .map_or_else(SystemTime::now, |r| r.health.clock.wall());
-            ctx.retry_after = upstream_response
+    }
+    let verdict = attempt::judge(Sent::Header { status }, a.terms, false);
+    match verdict {
+        Verdict::Retry { outcome, .. } => {
+            let cap = health.policy.max_ejection.unwrap_or(RETRY_AFTER_CAP);
+            live.retry_after = upstream_response
                 .headers
                 .get(header::RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| retry::parse_retry_after(v, wall, RETRY_AFTER_CAP));
-            if let (Outcome::RateLimited, Some(wait)) = (outcome, ctx.retry_after) {
-                ctx.failures.note_retry_after(wait.as_secs().max(1));
+                .and_then(|v| attempt::parse_retry_after(v, wall, cap));
+            if let (Outcome::RateLimited, Some(wait)) = (outcome, live.retry_after) {
+                a.attempts.failures.note_retry_after(wait.as_secs().max(1));
             }
-            ctx.status_outcome = Some((outcome, advance));
-            Err(Error::explain(
-                ErrorType::HTTPStatus(status),
-                "upstream status triggers failover",
-            )
-            .into_up())
         }
+        Verdict::Refuse { .. } | Verdict::Pending if !upstream_response.status.is_success() => {
+            // The caller's request was refused: relayed in signalbox's words, under a header
+            // of signalbox's own.
+            a.attempts.relay = Relay::refusal(ctx.surface, a.attempts.conversion, status);
+            let mut fresh = ResponseHeader::build(status, Some(4)).ok();
+            if let Some(h) = fresh.as_mut() {
+                let _ = h.insert_header("content-type", "application/json");
+                let _ = h.insert_header("transfer-encoding", "chunked");
+            }
+            if let Some(h) = fresh {
+                *upstream_response = h;
+            }
+        }
+        _ => choose_relay(ctx, upstream_response),
     }
-}
-
-/// A provider that says (in its rate-limit headers) that this credential has used up a window
-/// gets the credential rested until the window resets: later requests take another credential
-/// or candidate instead of earning the provider's 429.
-fn rest_exhausted_credential(ctx: &RequestCtx, upstream_response: &ResponseHeader) {
-    let (Some(router), Some(tables), Some(attempt)) = (&ctx.router, &ctx.tables, &ctx.current)
-    else {
-        return;
-    };
-    let Some(wait) = exhausted_for(&upstream_response.headers, router.health.clock.wall()) else {
-        return;
-    };
-    let credential = attempt.target.credential;
-    if let Some(c) = tables.health.credential(attempt.provider, credential) {
-        let millis = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
-        c.on_exhausted(router.health.now_ms().saturating_add(millis));
-    }
+    verdict
 }
 
 /// How the body of a successful response is relayed, and its framing to match: an SSE stream
@@ -108,6 +97,10 @@ fn rest_exhausted_credential(ctx: &RequestCtx, upstream_response: &ResponseHeade
 /// (signalbox never asks for compression, so only a provider that ignores `Accept-Encoding`
 /// sends one).
 fn choose_relay(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader) {
+    let tables = &ctx.tables;
+    let Some(a) = ctx.admitted.as_mut() else {
+        return;
+    };
     let headers = &upstream_response.headers;
     let encoded = headers
         .get(header::CONTENT_ENCODING)
@@ -119,42 +112,40 @@ fn choose_relay(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader) {
         .get(header::CONTENT_TYPE)
         .map(|v| v.as_bytes())
         .unwrap_or_default();
-    let request = ctx.request.as_ref();
-    let provider_id = ctx.current.and_then(|a| {
-        let tables = ctx.tables.as_ref()?;
+    let request = &a.request;
+    let provider_id = a.attempts.live.as_ref().and_then(|l| {
         tables
             .response
             .provider_field
-            .then(|| tables.catalog.provider(a.provider).id.clone())
+            .then(|| tables.catalog.provider(l.provider).id.clone())
     });
+    let conversion = a.attempts.conversion;
     let reply = Reply {
         surface: ctx.surface,
-        conversion: ctx.conversion,
-        caller_model: request
-            .map(CallerRequest::model_literal)
-            .unwrap_or_default(),
+        conversion,
+        caller_model: request.model_literal(),
         provider: provider_id.as_deref(),
-        strip_usage: request.is_some_and(|r| r.adds_stream_usage(ctx.surface)),
-        caller_usage: request.is_some_and(CallerRequest::caller_wants_stream_usage),
+        strip_usage: request.adds_stream_usage(ctx.surface),
+        caller_usage: CallerRequest::caller_wants_stream_usage(request),
     };
     let sse = starts_with_ignore_case(content_type, b"text/event-stream");
     if sse {
-        ctx.is_sse = true;
-        ctx.relay = Relay::sse(&reply);
+        a.attempts.sse = true;
+        a.attempts.relay = Relay::sse(&reply);
     } else if starts_with_ignore_case(content_type, b"application/json") {
         let upstream_len = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<usize>().ok());
-        ctx.relay = Relay::json(&reply, upstream_len);
+        a.attempts.relay = Relay::json(&reply, upstream_len);
     }
-    let translated_type = match ctx.conversion {
-        crate::adapters::surface::Conversion::Same => None,
+    let translated_type = match conversion {
+        Conversion::Same => None,
         _ if sse => Some("text/event-stream"),
         _ => Some("application/json"),
     };
-    let fixed_len = ctx.relay.fixed_len();
-    let changes_length = ctx.relay.changes_length();
+    let fixed_len = a.attempts.relay.fixed_len();
+    let changes_length = a.attempts.relay.changes_length();
     respond::edit_response_parts(upstream_response, |parts| {
         if let Some(len) = fixed_len {
             parts
@@ -175,67 +166,71 @@ fn choose_relay(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader) {
     });
 }
 
-/// `response_filter`: routing headers; from here on the request is committed.
-pub fn on_header(ctx: &mut RequestCtx, response: &mut ResponseHeader) {
-    if response.status.is_informational() {
-        return;
-    }
+/// The header that commits the request: routing headers added, the caller's side committed.
+pub fn commit_header(ctx: &mut RequestCtx, response: &mut ResponseHeader) {
     respond::add_routing_headers(response, ctx, Instant::now(), &DROPPED_RESPONSE_HEADERS);
-    ctx.status = Some(response.status.as_u16());
-    // A refusal that may still fail over is committed only once its header is written.
-    ctx.committed = !ctx.client_error_pending;
-    if response.status.is_success() {
-        planning::bind_session(ctx);
+    ctx.downstream = Downstream::Committed {
+        status: response.status.as_u16(),
+    };
+}
+
+/// Filter one chunk of the live answer's body through its relay.
+pub fn filter_body(ctx: &mut RequestCtx, body: &mut Option<Bytes>, end_of_stream: bool) {
+    if let Some(a) = ctx.admitted.as_mut() {
+        a.attempts.relay.filter(body, end_of_stream);
     }
 }
 
-/// `response_body_filter`: the rewrite, stream accounting, and an error event for a stream
-/// the upstream ended without its terminator. A provider's refusal under a policy that fails
-/// over on client errors returns `Err` instead (the next candidate is tried) when its header
-/// has not been written yet (`header_written`: it went out in an earlier write, and then the
-/// refusal is relayed).
-pub fn on_body(
-    ctx: &mut RequestCtx,
-    body: &mut Option<Bytes>,
-    end_of_stream: bool,
-    header_written: bool,
-) -> pingora_error::Result<()> {
-    ctx.relay.filter(body, end_of_stream);
-    if ctx.client_error_pending && end_of_stream {
-        ctx.client_error_pending = false;
-        if header_written {
-            ctx.committed = true;
-        } else {
-            let context = ctx
-                .relay
-                .refused_body()
-                .is_some_and(is_context_length_error);
-            if context {
-                ctx.context_floor = Some(context_floor(ctx));
-                ctx.failures.note_context_exceeded();
-            }
-            ctx.served = None;
-            ctx.status = None;
-            ctx.status_outcome = Some((Outcome::ClientError, Advance::NextDeployment));
-            return Err(Error::explain(
-                ErrorType::HTTPStatus(400),
-                "a caller error the policy fails over",
-            )
-            .into_up());
-        }
-    }
-    let signals = *ctx.relay.signals();
-    if end_of_stream && ctx.is_sse && !signals.terminal && signals.error.is_none() {
-        // Say so in-band rather than let a truncated answer look complete.
-        let (msg, code) = if !signals.content {
-            (
-                "the provider ended the stream without producing any output",
-                "upstream_empty_stream",
-            )
-        } else {
+/// The body so far, judged (`committed`: the caller already has the header).
+pub fn judge_body(ctx: &RequestCtx, end: BodyEnd) -> Verdict {
+    let Some(a) = &ctx.admitted else {
+        return Verdict::Ended(Outcome::Cancelled);
+    };
+    let relay = &a.attempts.relay;
+    attempt::judge(
+        Sent::Body {
+            signals: relay.signals(),
+            bad: relay.bad_upstream(),
+            sse: a.attempts.sse,
+            end,
+        },
+        a.terms,
+        ctx.downstream.is_committed(),
+    )
+}
+
+/// The refusal's whole body, judged (a policy that fails over on client errors read it).
+pub fn judge_refusal(ctx: &RequestCtx) -> Verdict {
+    let Some(a) = &ctx.admitted else {
+        return Verdict::Ended(Outcome::Cancelled);
+    };
+    let context_length = a
+        .attempts
+        .relay
+        .refused_body()
+        .is_some_and(is_context_length_error);
+    attempt::judge(Sent::Refusal { context_length }, a.terms, false)
+}
+
+/// A committed body's last chunk: how the attempt ended. A stream that ended without its
+/// terminal event, or without any content, says so in-band rather than let a truncated answer
+/// look complete.
+pub fn end_committed_body(ctx: &mut RequestCtx, body: &mut Option<Bytes>) -> Verdict {
+    let verdict = judge_body(ctx, BodyEnd::Complete);
+    let Some(a) = &ctx.admitted else {
+        return verdict;
+    };
+    let signals = *a.attempts.relay.signals();
+    if a.attempts.sse && !signals.terminal && signals.error.is_none() {
+        let (msg, code) = if signals.content {
             (
                 "the provider ended the stream before it was complete",
                 "upstream_stream_interrupted",
+            )
+        } else {
+            (
+                "the provider ended the stream without producing any output",
+                "upstream_empty_stream",
             )
         };
         let mut out = BytesMut::new();
@@ -244,23 +239,12 @@ pub fn on_body(
         }
         out.extend_from_slice(&stream_error_event(ctx.surface, msg, code));
         *body = Some(out.freeze());
-        ctx.stream_broken = true;
+        ctx.downstream.break_with(Broke::Interrupted);
+    } else if verdict == Verdict::Ended(Outcome::StreamAborted) {
+        // The provider's own error after content: relayed (reworded) as the stream's end.
+        ctx.downstream.break_with(Broke::Interrupted);
     }
-    Ok(())
-}
-
-/// The context window the next candidate must exceed after a context-length refusal: the
-/// refusing model's, or (when it declares none) the request's own estimate.
-fn context_floor(ctx: &RequestCtx) -> u64 {
-    let window = ctx.current.and_then(|a| {
-        let (tables, plan) = (ctx.tables.as_ref()?, ctx.plan.as_ref()?);
-        let d = plan.deployment(&tables.catalog, a.target.position)?;
-        tables.catalog.model(d.model?).context_window
-    });
-    window.map_or_else(
-        || ctx.request.as_ref().map_or(0, CallerRequest::prompt_tokens),
-        u64::from,
-    )
+    verdict
 }
 
 fn starts_with_ignore_case(hay: &[u8], prefix: &[u8]) -> bool {

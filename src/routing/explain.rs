@@ -20,9 +20,9 @@ use super::policy::{EntryRouter, Pick};
 use super::scoring::cost_micro;
 use super::{Router, Tables};
 use crate::adapters::caller::CallerRequest;
+use crate::attempt::Advance;
 use crate::catalog::stable_hash;
 use crate::error::{ErrorCode, GatewayError};
-use crate::retry::Advance;
 
 /// Explain a request given as a body and its headers (by lower-case name), as the client key
 /// `key_id` would send it when one is named (its `allowed_models`, and its facts for

@@ -39,13 +39,13 @@ use std::sync::Arc;
 use super::lead::{self, splitmix64};
 use super::scoring::cost_micro;
 use crate::adapters::openai::Needs;
+use crate::attempt::{Advance, NoCall};
 use crate::catalog::stable_hash;
 use crate::catalog::{Catalog, Deployment, DeploymentIdx, ProviderIdx};
 use crate::config::Strategy;
 use crate::health::breaker::FULL_HEALTH;
 use crate::health::{Admission, HealthRegistry, TargetRef, Unavailable};
 use crate::limits::budget::{cost_micro_usd, seconds_to_reset};
-use crate::retry::{Advance, NoCall};
 
 /// Why a candidate was passed over without a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -363,21 +363,32 @@ impl Plan {
         self.skipped[reason as usize]
     }
 
-    /// Why nothing could be called, for a plan that produced no target.
+    /// Why nothing could be called, for a plan that produced no target. The reasons that pass
+    /// (an ejection, a full window, a spent budget) decide over the ones that do not: a plan
+    /// whose other candidates are ejected or full is told when to come back even when one
+    /// candidate has no credential configured.
     pub fn no_call(&self) -> NoCall {
-        let total: u32 = self.skipped.iter().map(|n| u32::from(*n)).sum();
-        let rpm = u32::from(self.skipped(SkipReason::RpmFull))
-            + u32::from(self.skipped(SkipReason::TpmFull));
-        let budget = u32::from(self.skipped(SkipReason::OverBudget));
-        if self.skipped(SkipReason::NoCredential) > 0
-            && self.skipped(SkipReason::ProviderDisabled) == 0
-            && self.skipped(SkipReason::Unresolved) == 0
+        let n = |r| u32::from(self.skipped(r));
+        let rate = n(SkipReason::RpmFull) + n(SkipReason::TpmFull);
+        let budget = n(SkipReason::OverBudget);
+        let waiting = n(SkipReason::Ejected)
+            + n(SkipReason::ProbeBusy)
+            + n(SkipReason::Benched)
+            + n(SkipReason::CredentialCooling);
+        let passing = rate + budget + waiting;
+        if passing > 0 {
+            if rate == passing {
+                NoCall::RateLimited
+            } else if budget == passing {
+                NoCall::OverBudget
+            } else {
+                NoCall::Unavailable
+            }
+        } else if n(SkipReason::NoCredential) > 0
+            && n(SkipReason::ProviderDisabled) == 0
+            && n(SkipReason::Unresolved) == 0
         {
             NoCall::NotConfigured
-        } else if rpm > 0 && rpm == total {
-            NoCall::RateLimited
-        } else if budget > 0 && budget == total {
-            NoCall::OverBudget
         } else {
             NoCall::Unavailable
         }
@@ -933,7 +944,7 @@ pub fn prefix_hash(prompt: &[u8], prefix_bytes: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::retry::Outcome;
+    use crate::attempt::Outcome;
     use crate::testing::Fixture;
     use std::collections::HashMap;
     use std::time::Duration;
@@ -958,10 +969,16 @@ mod tests {
         let mut advance = advance;
         loop {
             let c = p.next(env, advance)?;
-            if c.target.probe && !k.health.try_claim_probe(c.health_ref) {
-                p.probe_lost(&c);
-                advance = Advance::NextDeployment;
-                continue;
+            if c.target.probe {
+                match k.health.try_claim_probe(c.health_ref) {
+                    // The probe stays in flight for the rest of the test.
+                    Some(claim) => std::mem::forget(claim),
+                    None => {
+                        p.probe_lost(&c);
+                        advance = Advance::NextDeployment;
+                        continue;
+                    }
+                }
             }
             p.commit(&c);
             return Some(c.target);
@@ -1065,7 +1082,7 @@ models:
         // x is half-open: it keeps its ranked place as a probe, which the plan did not claim.
         assert!(c.target.probe, "{c:?}");
         assert!(
-            k.health.try_claim_probe(c.health_ref),
+            k.health.try_claim_probe(c.health_ref).is_some(),
             "the slot is still free"
         );
         assert_eq!(cursor(&k), before);
@@ -1186,7 +1203,7 @@ models:
     fn least_inflight_and_p2c_prefer_the_less_loaded() {
         let k = kit(POOL);
         let _guards: Vec<_> = (0..3)
-            .map(|_| k.health.begin(k.target("x", 0), false))
+            .map(|_| k.health.begin(k.target("x", 0), None))
             .collect();
         let least = firsts(&k, 50, Strategy::LeastInflight, seeded);
         assert_eq!(least.get("y"), Some(&50), "{least:?}");

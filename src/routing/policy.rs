@@ -18,6 +18,7 @@ use std::sync::Arc;
 use http::HeaderValue;
 
 use super::route::{Builder, RouteIdx, RouteKind};
+use crate::attempt::{RetryOn, SameTarget, StatusSet};
 use crate::catalog::DeploymentIdx;
 use crate::config::condition::{Condition, Facts};
 use crate::config::{Config, PolicyConfig, RouterConfig, RuleTarget, Strategy};
@@ -43,6 +44,8 @@ pub struct PolicyTable {
     pub max_attempts: Option<u32>,
     /// A provider's 400 moves on to the next candidate instead of being relayed.
     pub failover_on_client_error: bool,
+    /// Same-target retries under this policy (`None`: `failover.transient_retries`).
+    pub retry: Option<SameTarget>,
 }
 
 /// One `select` entry.
@@ -230,6 +233,11 @@ pub(super) fn compile_policies(config: &Config, b: &mut Builder<'_>) -> Vec<Poli
                 fallback,
                 max_attempts: p.max_attempts,
                 failover_on_client_error: p.failover_on_client_error,
+                retry: p.retry.as_ref().map(|r| SameTarget {
+                    attempts: r.attempts,
+                    backoff: r.backoff,
+                    on: RetryOn::Statuses(StatusSet::from_codes(&r.on_status)),
+                }),
             }
         })
         .collect()

@@ -241,7 +241,7 @@ pub fn rank(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::retry::Outcome;
+    use crate::attempt::Outcome;
     use crate::testing::Fixture;
     use std::time::Duration;
 

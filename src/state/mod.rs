@@ -586,7 +586,7 @@ impl BackgroundService for StateService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::retry::Outcome;
+    use crate::attempt::Outcome;
     use crate::testing::Fixture;
 
     const CONFIG: &str = r#"

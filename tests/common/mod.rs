@@ -506,6 +506,28 @@ pub async fn post_chat(gw: &Gateway, body: &serde_json::Value) -> reqwest::Respo
         .unwrap()
 }
 
+/// The whole body as text, and whether it ended with a transport error (a stream cut short).
+pub async fn read_all(mut r: reqwest::Response) -> (String, bool) {
+    let mut text = String::new();
+    loop {
+        match r.chunk().await {
+            Ok(Some(c)) => text.push_str(&String::from_utf8_lossy(&c)),
+            Ok(None) => return (text, false),
+            Err(_) => return (text, true),
+        }
+    }
+}
+
+/// An admin endpoint's JSON (`/admin/health`, `/admin/usage?…`).
+pub async fn admin_json(gw: &Gateway, path: &str) -> serde_json::Value {
+    reqwest::get(format!("http://{}{path}", gw.admin))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 pub fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
     r.headers()
         .get(name)

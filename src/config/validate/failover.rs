@@ -1,4 +1,5 @@
-//! The bounds on one request: `failover` (attempts, deadline, timeouts, same-target retries)
+//! The bounds on one request: `failover` (attempts, deadline, timeouts, same-target retries
+//! and their backoff)
 //! and `limits` (request body and header sizes).
 
 use crate::config::schema::{FailoverSection, LimitsSection};
@@ -8,9 +9,7 @@ use crate::config::ConfigError;
 
 /// The largest `failover.transient_retries` accepted: more only hammers a failing target.
 const TRANSIENT_RETRIES_CEILING: u32 = 5;
-/// The largest `failover.max_attempts` (and a policy's `max_attempts`) accepted: far beyond any
-/// useful plan.
-pub(super) const MAX_ATTEMPTS_CEILING: u32 = 100;
+pub(super) use crate::config::types::MAX_ATTEMPTS_CEILING;
 /// The largest `limits.max_request_body` accepted: bodies are held in memory per request.
 const BODY_CEILING: u64 = 1 << 30;
 /// The smallest `limits.max_request_headers` accepted.
@@ -30,9 +29,11 @@ pub(super) fn validate_failover(f: &FailoverSection, errs: &mut Vec<ConfigError>
         ));
     }
     let deadline = parse_duration(&f.deadline, "failover.deadline", errs);
+    let backoff = parse_duration(&f.transient_backoff, "failover.transient_backoff", errs);
     let hold = parse_duration(&f.first_chunk_hold, "failover.first_chunk_hold", errs);
     Failover {
         transient_retries: f.transient_retries.min(TRANSIENT_RETRIES_CEILING),
+        transient_backoff: backoff.unwrap_or_default(),
         max_attempts: f.max_attempts.clamp(1, MAX_ATTEMPTS_CEILING),
         deadline: deadline.filter(|d| !d.is_zero()),
         ttfb_timeout: positive_duration(&f.ttfb_timeout, "failover.ttfb_timeout", errs),

@@ -10,8 +10,7 @@ use crate::config::types::{DegradedPolicy, HealthPolicy};
 use crate::config::values::{parse_duration, positive_duration};
 use crate::config::{defaults, ConfigError};
 
-/// The largest `health.bench_after` accepted (the breaker keeps that many timestamps).
-const BENCH_AFTER_CEILING: u32 = 64;
+use crate::config::types::BENCH_AFTER_CEILING;
 
 pub(super) fn validate_health(h: &HealthSection, errs: &mut Vec<ConfigError>) -> HealthPolicy {
     // `failure_threshold` takes any value: 0 switches the breaker off.

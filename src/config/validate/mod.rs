@@ -83,7 +83,8 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
     let chains = names::validate_chains(&file.chains, &mut names, &mut errs);
     let active_chain =
         names::validate_active_chain(file.active_chain.as_deref(), &chains, &mut errs);
-    let policies = policies::validate_policies(&file.policies, &models, &mut names, &mut errs);
+    let policies =
+        policies::validate_policies(&file.policies, &models, &failover, &mut names, &mut errs);
     let rules = rules::validate_rules(&file.rules, &chains, &names, &mut errs);
 
     server::validate_pingora(&file.pingora, &mut errs);

@@ -10,10 +10,15 @@ use super::failover::MAX_ATTEMPTS_CEILING;
 use super::models::strategy_names;
 use super::names::{Named, Namespace};
 use crate::config::compile::compile_condition;
-use crate::config::schema::{PolicySection, RouterKindSection, SelectSection, TargetSection};
-use crate::config::types::{
-    ModelConfig, PolicyConfig, PolicyTarget, RouterConfig, SelectEntry, Strategy,
+use crate::config::defaults;
+use crate::config::schema::{
+    PolicySection, RetrySection, RouterKindSection, SelectSection, TargetSection,
 };
+use crate::config::types::{
+    Failover, ModelConfig, PolicyConfig, PolicyRetry, PolicyTarget, RouterConfig, SelectEntry,
+    Strategy,
+};
+use crate::config::values::parse_duration;
 use crate::config::ConfigError;
 
 /// Check every policy, claiming all their names first (so a policy naming another one is
@@ -21,22 +26,64 @@ use crate::config::ConfigError;
 pub(super) fn validate_policies(
     file: &BTreeMap<String, PolicySection>,
     models: &[ModelConfig],
+    failover: &Failover,
     names: &mut Namespace,
     errs: &mut Vec<ConfigError>,
 ) -> Vec<PolicyConfig> {
     for (index, name) in file.keys().enumerate() {
         names.add_policy(name, index, &format!("policies.{name}"), errs);
     }
-    let ctx = Ctx { models, names };
+    let ctx = Ctx {
+        models,
+        names,
+        failover,
+    };
     file.iter()
         .map(|(name, section)| ctx.policy(name, section, errs))
         .collect()
+}
+
+/// The largest `retry.attempts` accepted (as `failover.transient_retries`).
+const RETRY_ATTEMPTS_CEILING: u32 = 5;
+
+/// A policy's same-target retries: at most [`RETRY_ATTEMPTS_CEILING`], a backoff, statuses
+/// that are failures (a 2xx or a caller's 4xx cannot take a retry).
+fn retry(r: &RetrySection, path: &str, errs: &mut Vec<ConfigError>) -> PolicyRetry {
+    if r.attempts > RETRY_ATTEMPTS_CEILING {
+        errs.push(ConfigError::new(
+            format!("{path}.attempts"),
+            format!("must be between 0 and {RETRY_ATTEMPTS_CEILING}"),
+        ));
+    }
+    let backoff = match &r.backoff {
+        Some(text) => parse_duration(text, &format!("{path}.backoff"), errs).unwrap_or_default(),
+        None => defaults::TRANSIENT_BACKOFF,
+    };
+    let on_status = r
+        .on_status
+        .clone()
+        .unwrap_or_else(|| defaults::RETRY_ON_STATUS.to_vec());
+    for (i, &code) in on_status.iter().enumerate() {
+        let failure = code == 408 || code == 429 || (500..=599).contains(&code);
+        if !failure {
+            errs.push(ConfigError::new(
+                format!("{path}.on_status[{i}]"),
+                format!("{code} is not a failure status (408, 429 or 5xx)"),
+            ));
+        }
+    }
+    PolicyRetry {
+        attempts: r.attempts.min(RETRY_ATTEMPTS_CEILING),
+        backoff,
+        on_status,
+    }
 }
 
 /// What a policy's checks read.
 struct Ctx<'a> {
     models: &'a [ModelConfig],
     names: &'a Namespace,
+    failover: &'a Failover,
 }
 
 impl Ctx<'_> {
@@ -96,8 +143,21 @@ impl Ctx<'_> {
                     format!("{path}.max_attempts"),
                     format!("must be between 1 and {MAX_ATTEMPTS_CEILING}"),
                 ));
+            } else if n > self.failover.max_attempts {
+                // Never silently capped: the request-wide bound is the smaller one.
+                errs.push(ConfigError::new(
+                    format!("{path}.max_attempts"),
+                    format!(
+                        "{n} is above failover.max_attempts ({}); raise that first",
+                        self.failover.max_attempts
+                    ),
+                ));
             }
         }
+        let retry = s
+            .retry
+            .as_ref()
+            .map(|r| retry(r, &format!("{path}.retry"), errs));
 
         PolicyConfig {
             name: name.to_string(),
@@ -106,6 +166,7 @@ impl Ctx<'_> {
             strategy,
             failover_on_client_error: s.failover_on_client_error,
             max_attempts: s.max_attempts,
+            retry,
         }
     }
 
@@ -738,9 +799,54 @@ policies:
             &[("policies.p.strategy", "none in mini")],
         );
         assert!(errors(
-            "policies:\n  p: { max_attempts: 100, strategy: reliable, select: [ { router: priority, targets: [ { model: big } ] } ] }\n"
+            "failover: { max_attempts: 100 }\npolicies:\n  p: { max_attempts: 100, strategy: reliable, select: [ { router: priority, targets: [ { model: big } ] } ] }\n"
         )
         .is_empty());
+        // Above the request-wide bound: refused, never silently capped.
+        refused(
+            "policies:\n  p: { max_attempts: 30, select: [ { router: priority, targets: [ { model: big } ] } ] }\n",
+            &[(
+                "policies.p.max_attempts",
+                "30 is above failover.max_attempts (20)",
+            )],
+        );
+    }
+
+    #[test]
+    fn a_policys_retries_are_bounded_and_take_failure_statuses_only() {
+        let ok = parse(&format!(
+            "{BASE}policies:\n  p: {{ retry: {{ attempts: 2, backoff: 50ms, on_status: [500, 503] }}, select: [ {{ router: priority, targets: [ {{ model: big }} ] }} ] }}\n  q: {{ retry: {{ attempts: 1 }}, select: [ {{ router: priority, targets: [ {{ model: big }} ] }} ] }}\n"
+        ))
+        .expect("valid");
+        let retry = |name: &str| {
+            ok.policies
+                .iter()
+                .find(|p| p.name == name)
+                .and_then(|p| p.retry.clone())
+                .expect("retry")
+        };
+        assert_eq!(
+            retry("p"),
+            crate::config::types::PolicyRetry {
+                attempts: 2,
+                backoff: std::time::Duration::from_millis(50),
+                on_status: vec![500, 503]
+            }
+        );
+        assert_eq!(retry("q").on_status, vec![502, 503, 504, 529]);
+        assert_eq!(retry("q").backoff, std::time::Duration::from_millis(100));
+        refused(
+            "policies:\n  p: { retry: { attempts: 9, on_status: [200, 404, 529], wait: 1s }, select: [ { router: priority, targets: [ { model: big } ] } ] }\n",
+            &[("policies.p.retry.wait", "unknown field")],
+        );
+        refused(
+            "policies:\n  p: { retry: { attempts: 9, on_status: [200, 404, 529] }, select: [ { router: priority, targets: [ { model: big } ] } ] }\n",
+            &[
+                ("policies.p.retry.attempts", "between 0 and 5"),
+                ("policies.p.retry.on_status[0]", "200 is not a failure status"),
+                ("policies.p.retry.on_status[1]", "404 is not a failure status"),
+            ],
+        );
     }
 
     #[test]

@@ -1,14 +1,8 @@
-//! The failure vocabulary: how an upstream call ended ([`Outcome`]), where the plan looks next
-//! ([`Advance`]), what counts as a failure, what is worth another candidate, and what the
-//! caller is told when every attempt failed. The single place these rules live: the proxy
-//! hooks, health, the plan and metrics all speak this vocabulary instead of deciding
-//! themselves.
-//!
-//! Failover triggers (before the first byte reached the client): connect refused or timed
-//! out, TLS failure, reset or close before the response header, TTFB timeout, and the
-//! statuses 5xx, 529, 429, 408, 404, 401, 402, 403 and unexpected 1xx/3xx. 401/402/403/429 are
-//! credential-scoped: the same deployment is retried with its next key first. Every other 4xx
-//! is the caller's fault and is relayed (in signalbox's words), not retried.
+//! The attempt vocabulary: how an upstream call ended ([`Outcome`]), where the plan looks next
+//! ([`Advance`]), why no call could be made ([`NoCall`]), how transport errors are classified,
+//! and what the caller is told when every attempt failed ([`FailureLog::final_error`]).
+//! Health, the plan, metrics and the ledger speak these words; what an attempt's outcome *is*
+//! is decided in [`super::verdict`].
 
 use std::time::{Duration, SystemTime};
 
@@ -56,10 +50,13 @@ pub enum Outcome {
     /// The gateway itself could not open a connection (out of file descriptors, ports or
     /// memory): not the provider's failure.
     LocalError,
+    /// A pooled connection failed before the request was written: the provider never saw the
+    /// request, so the same target is called again on a fresh connection. Not judged.
+    StaleConnection,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 18] = [
+    pub const ALL: [Outcome; 19] = [
         Outcome::Ok,
         Outcome::ClientError,
         Outcome::RateLimited,
@@ -78,6 +75,7 @@ impl Outcome {
         Outcome::StreamError,
         Outcome::Cancelled,
         Outcome::LocalError,
+        Outcome::StaleConnection,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -100,6 +98,7 @@ impl Outcome {
             Outcome::StreamError => "stream_error",
             Outcome::Cancelled => "cancelled",
             Outcome::LocalError => "local_error",
+            Outcome::StaleConnection => "stale_connection",
         }
     }
 
@@ -128,55 +127,6 @@ pub enum NoCall {
     RateLimited,
     /// Every candidate's deployment or provider budget is spent.
     OverBudget,
-}
-
-/// Failures worth calling the same target again (`failover.transient_retries`): the target
-/// answered or accepted before, and a second call often succeeds. A refused connect (nothing
-/// listening), a TTFB timeout (already slow), and credential or model verdicts are not.
-pub fn is_transient(outcome: Outcome) -> bool {
-    matches!(
-        outcome,
-        Outcome::Reset | Outcome::ConnectTimeout | Outcome::ServerError
-    )
-}
-
-/// What to do with an upstream response status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StatusVerdict {
-    /// 2xx: relay it.
-    Success,
-    /// A failure: try the next target (if any remains).
-    Failover { outcome: Outcome, advance: Advance },
-    /// The caller's request was refused: relay the status in signalbox's words.
-    Relay,
-}
-
-pub fn classify_status(status: u16) -> StatusVerdict {
-    use StatusVerdict::{Failover, Relay, Success};
-    match status {
-        200..=299 => Success,
-        401..=403 => Failover {
-            outcome: Outcome::CredentialRejected,
-            advance: Advance::NextCredential,
-        },
-        429 => Failover {
-            outcome: Outcome::RateLimited,
-            advance: Advance::NextCredential,
-        },
-        404 => Failover {
-            outcome: Outcome::ModelNotFound,
-            advance: Advance::NextDeployment,
-        },
-        408 | 500..=599 => Failover {
-            outcome: Outcome::ServerError,
-            advance: Advance::NextDeployment,
-        },
-        400..=499 => Relay,
-        _ => Failover {
-            outcome: Outcome::UnexpectedStatus,
-            advance: Advance::NextDeployment,
-        },
-    }
 }
 
 /// Classify a failure to connect (`fail_to_connect`).
@@ -402,44 +352,6 @@ impl FailureLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn statuses() {
-        assert_eq!(classify_status(200), StatusVerdict::Success);
-        assert_eq!(classify_status(400), StatusVerdict::Relay);
-        assert_eq!(classify_status(422), StatusVerdict::Relay);
-        for s in [500, 502, 503, 504, 529, 408] {
-            assert!(
-                matches!(
-                    classify_status(s),
-                    StatusVerdict::Failover {
-                        outcome: Outcome::ServerError,
-                        advance: Advance::NextDeployment
-                    }
-                ),
-                "{s}"
-            );
-        }
-        for s in [401, 402, 403, 429] {
-            assert!(
-                matches!(
-                    classify_status(s),
-                    StatusVerdict::Failover {
-                        advance: Advance::NextCredential,
-                        ..
-                    }
-                ),
-                "{s}"
-            );
-        }
-        assert!(matches!(
-            classify_status(302),
-            StatusVerdict::Failover {
-                outcome: Outcome::UnexpectedStatus,
-                ..
-            }
-        ));
-    }
 
     #[test]
     fn retry_after_forms() {

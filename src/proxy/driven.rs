@@ -1,0 +1,520 @@
+//! Signalbox's own attempt driver: attempts made from `request_filter` through Pingora's
+//! [`Connector`] (its pool, TLS and timeouts), so that an answer's response header is written
+//! only at its commit point.
+//!
+//! Pingora's proxy loop writes an upstream's header the moment it arrives, batched with
+//! whatever body came along: no hook can defer it. So a whole answer that dies after its `200`,
+//! an answer with nothing in it, or a stream that stalls or errors before its first token
+//! would be failures the caller sees. Here the caller's header waits for the commit point the
+//! request's terms name: a whole answer's last byte (up to `attempt::verdict::HELD_BODY_LIMIT`,
+//! larger ones commit at their header), a stream's first content event (a content delta, a
+//! tool call, a reasoning delta). Until then any failure moves to the next candidate, exactly
+//! as the fast path would: the target comes from the same plan, the attempt is set up and its
+//! request rewritten by the same code ([`super::attempt`]), the header read and the body
+//! judged by the same functions ([`super::response`], `attempt::judge`), and every verdict
+//! applied by [`super::settle`]. Nothing here decides what is retryable.
+//!
+//! Deadlines: a whole answer's header and every read of its body are bounded by
+//! `failover.ttfb_timeout` (the peer's); a held stream must show content within
+//! `failover.first_chunk_hold`. After the commit a stream is relayed chunk by chunk, each read
+//! bounded by `failover.stream_idle_timeout`; a stall, a broken upstream, or an end without the
+//! terminal event ends the caller's stream with the dialect's error event (`stream_aborted`).
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use pingora_core::connectors::http::Connector;
+use pingora_core::protocols::http::client::HttpSession as UpstreamSession;
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_error::{Error, ErrorType};
+use pingora_proxy::Session;
+use tokio::time::{timeout, timeout_at, Instant};
+
+use super::ctx::{Broke, RequestCtx};
+use super::settle::{self, Step};
+use super::{attempt, planning, respond, response};
+use crate::adapters::caller::CallerRequest;
+use crate::attempt::verdict::HELD_BODY_LIMIT;
+use crate::attempt::{self as verdicts, BodyEnd, CommitAt, Outcome, Sent, Verdict};
+use crate::error::{ErrorCode, GatewayError};
+use crate::routing::Router;
+
+/// How long an idle upstream connection stays in the driver's pool.
+const POOL_IDLE: Duration = Duration::from_secs(60);
+
+/// How one attempt ended, for the loop.
+enum Drive {
+    /// The response went to the caller (whole, or a stream ended cleanly or in-band).
+    Done,
+    /// Nothing reached the caller; another attempt runs (its target is set).
+    Again,
+    /// No attempt is left: answer this.
+    Answer(GatewayError),
+    /// Bytes reached the caller and then the stream broke: end it without a clean end.
+    Aborted(Box<Error>),
+}
+
+/// Serve the request with signalbox's own driver. `Ok(true)`: the response was written
+/// (Pingora only logs); `Err` after a commit: the stream broke (Pingora ends the connection,
+/// the caller gets the dialect's error event first).
+pub async fn serve(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    router: &Router,
+    connector: &Connector,
+) -> pingora_error::Result<bool> {
+    loop {
+        let prepared = {
+            let RequestCtx {
+                tables,
+                admitted,
+                surface,
+                ..
+            } = &mut *ctx;
+            let a = admitted
+                .as_mut()
+                .ok_or_else(|| Error::explain(ErrorType::InternalError, "no plan"))?;
+            attempt::prepare_body(tables, *surface, a)
+        };
+        if let Err(unexpressible) = prepared {
+            // This target's dialect cannot carry the request: the next one may (the target,
+            // and a probe slot it held, are given up without a call).
+            if let Some(err) = skip_unexpressible(ctx, unexpressible) {
+                respond::write_error(session, ctx, err).await?;
+                return Ok(true);
+            }
+            continue;
+        }
+        let delay = ctx
+            .admitted
+            .as_ref()
+            .and_then(|a| a.attempts.next.as_ref())
+            .map(|n| n.delay)
+            .unwrap_or_default();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let peer = {
+            let RequestCtx {
+                tables, admitted, ..
+            } = &mut *ctx;
+            let a = admitted
+                .as_mut()
+                .ok_or_else(|| Error::explain(ErrorType::InternalError, "no plan"))?;
+            attempt::begin(tables, a)?
+        };
+        match drive(session, ctx, router, connector, &peer).await {
+            Drive::Done => return Ok(true),
+            Drive::Aborted(e) => return Err(e),
+            Drive::Again => {}
+            Drive::Answer(err) => {
+                respond::write_error(session, ctx, err).await?;
+                return Ok(true);
+            }
+        }
+    }
+}
+
+/// Pass over the next target without calling it and take the plan's next; `Some` when none
+/// is left (the answer: the field no candidate could express, unless an attempt failed, which
+/// says more).
+fn skip_unexpressible(
+    ctx: &mut RequestCtx,
+    unexpressible: crate::adapters::chat_messages::Unexpressible,
+) -> Option<GatewayError> {
+    let RequestCtx {
+        tables,
+        admitted,
+        surface,
+        ..
+    } = ctx;
+    let a = admitted.as_mut()?;
+    let env = planning::plan_env(tables);
+    // Dropping the target gives back a probe slot it held.
+    a.attempts.next = None;
+    a.attempts.unexpressible = Some(unexpressible);
+    a.attempts.next = planning::next_target(
+        &mut a.plan,
+        &env,
+        &tables.health,
+        verdicts::Advance::NextDeployment,
+    );
+    if a.attempts.next.is_some() {
+        return None;
+    }
+    Some(match &a.attempts.unexpressible {
+        Some(u) if a.attempts.made == 0 => {
+            GatewayError::new(ErrorCode::UnsupportedParameter, u.to_string())
+        }
+        _ => planning::no_target_error(&a.plan, &a.attempts.failures, *surface, &env),
+    })
+}
+
+/// Carry out a failure's step.
+fn after(step: Step) -> Drive {
+    match step {
+        Step::Answer(err) => Drive::Answer(err),
+        _ => Drive::Again,
+    }
+}
+
+/// When the live attempt must have shown its first content: the hold (a held stream) or the
+/// TTFB timeout (a whole answer). The request's deadline does not cut it short: it only stops
+/// new attempts after the first retry.
+fn first_content_deadline(ctx: &RequestCtx) -> Instant {
+    let failover = &ctx.tables.failover;
+    let stream = ctx
+        .admitted
+        .as_ref()
+        .is_some_and(|a| CallerRequest::stream(&a.request));
+    let hold = failover
+        .first_chunk_hold
+        .filter(|_| stream)
+        .unwrap_or(failover.ttfb_timeout);
+    Instant::now() + hold
+}
+
+/// One attempt: connect, send, read the header, hold it until the commit point, commit,
+/// relay.
+async fn drive(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    router: &Router,
+    connector: &Connector,
+    peer: &HttpPeer,
+) -> Drive {
+    let deadline = first_content_deadline(ctx);
+    let mut request = session.req_header().clone();
+    if attempt::rewrite_request_header(ctx, &mut request).is_err() {
+        let verdict = verdicts::judge(Sent::Connect(Outcome::LocalError), terms(ctx), false);
+        return after(settle::apply(ctx, verdict));
+    }
+    // The upstream leg is HTTP/1.1 whatever the caller spoke.
+    request.set_version(http::Version::HTTP_11);
+    let body = ctx
+        .admitted
+        .as_ref()
+        .and_then(|a| a.attempts.body.as_ref())
+        .map(|b| b.bytes.clone())
+        .unwrap_or_default();
+
+    // Connect, send, and read the response header, all within the first-content deadline.
+    let sent = timeout_at(deadline, send(connector, peer, request, body)).await;
+    let mut upstream = match sent {
+        Err(_) => {
+            let outcome = if held_stream(ctx) {
+                Outcome::FirstChunkTimeout
+            } else {
+                Outcome::Timeout
+            };
+            let verdict = verdicts::judge(
+                Sent::NoHeader {
+                    outcome,
+                    reused: false,
+                    written: true,
+                },
+                terms(ctx),
+                false,
+            );
+            return after(settle::apply(ctx, verdict));
+        }
+        Ok(Err(SendError::Connect(e))) => {
+            let outcome = verdicts::classify_connect_error(&e);
+            if outcome == Outcome::LocalError {
+                super::fast::warn_local_resource();
+            }
+            let verdict = verdicts::judge(Sent::Connect(outcome), terms(ctx), false);
+            return after(settle::apply(ctx, verdict));
+        }
+        Ok(Err(SendError::Proxy {
+            error,
+            reused,
+            written,
+        })) => {
+            let verdict = verdicts::judge(
+                Sent::NoHeader {
+                    outcome: verdicts::classify_proxy_error(&error),
+                    reused,
+                    written,
+                },
+                terms(ctx),
+                false,
+            );
+            return after(settle::apply(ctx, verdict));
+        }
+        Ok(Ok(up)) => up,
+    };
+    let Some(header) = upstream.response_header() else {
+        let verdict = verdicts::judge(
+            Sent::NoHeader {
+                outcome: Outcome::Reset,
+                reused: false,
+                written: true,
+            },
+            terms(ctx),
+            false,
+        );
+        return after(settle::apply(ctx, verdict));
+    };
+    let mut header = header.clone();
+    let verdict = response::read_header(ctx, &mut header);
+    let step = settle::apply(ctx, verdict);
+    if let Step::Again | Step::Answer(_) = step {
+        return after(step);
+    }
+    // A refusal (relayed, or read first under a policy that fails over on client errors).
+    let refusal = !header.status.is_success();
+    // From here reads are bounded by the hold, then by the idle timeout: not by the peer's
+    // per-read TTFB timeout.
+    upstream.set_read_timeout(None);
+
+    let mut held = BytesMut::new();
+    let mut ended = false;
+    if refusal {
+        // A refusal: read it whole (a small error body), then relay it, or — under a policy
+        // that fails over on client errors — judge it.
+        let idle = ctx.tables.failover.ttfb_timeout;
+        loop {
+            let mut chunk = match timeout(idle, upstream.read_response_body()).await {
+                Ok(Ok(c)) => c,
+                // An unreadable refusal is relayed as what it was.
+                _ => None,
+            };
+            let eos = chunk.is_none();
+            response::filter_body(ctx, &mut chunk, eos);
+            if let Some(c) = chunk {
+                held.extend_from_slice(&c);
+            }
+            if eos {
+                break;
+            }
+        }
+        if verdict == Verdict::Pending {
+            let verdict = response::judge_refusal(ctx);
+            return after(settle::apply(ctx, verdict));
+        }
+        ended = true;
+    } else {
+        // An answer: read until its commit point.
+        let whole = terms(ctx).commit_at == CommitAt::WholeBody;
+        let idle = ctx.tables.failover.ttfb_timeout;
+        let mut upstream_bytes = 0usize;
+        loop {
+            let read = if whole {
+                timeout(idle, upstream.read_response_body()).await
+            } else {
+                timeout_at(deadline, upstream.read_response_body()).await
+            };
+            let (mut chunk, end) = match read {
+                Err(_) => {
+                    let outcome = if whole {
+                        Outcome::Timeout
+                    } else {
+                        Outcome::FirstChunkTimeout
+                    };
+                    (None, BodyEnd::Broken(outcome))
+                }
+                Ok(Err(e)) => (None, BodyEnd::Broken(verdicts::classify_proxy_error(&e))),
+                Ok(Ok(None)) => (None, BodyEnd::Complete),
+                Ok(Ok(Some(c))) => {
+                    upstream_bytes += c.len();
+                    (Some(c), BodyEnd::Open)
+                }
+            };
+            if !matches!(end, BodyEnd::Broken(_)) {
+                response::filter_body(ctx, &mut chunk, end == BodyEnd::Complete);
+            }
+            if let Some(c) = chunk {
+                held.extend_from_slice(&c);
+            }
+            let verdict = response::judge_body(ctx, end);
+            match settle::apply(ctx, verdict) {
+                Step::Continue if whole && upstream_bytes > HELD_BODY_LIMIT => {
+                    // Too large to hold: it commits at its header and is relayed as it comes.
+                    settle::apply(ctx, Verdict::Commit);
+                    break;
+                }
+                Step::Continue => {}
+                Step::Commit => {
+                    ended = end == BodyEnd::Complete;
+                    break;
+                }
+                Step::Refuse => {
+                    // The provider refused the request in-band, before any content: answered
+                    // as the refusal it is (nothing was committed, so it gets a proper status).
+                    return Drive::Answer(GatewayError::new(
+                        ErrorCode::InvalidRequest,
+                        "the provider rejected the request as invalid; check the request parameters",
+                    ));
+                }
+                step => return after(step),
+            }
+        }
+    }
+
+    // Commit: the header (with the routing headers), then what was held.
+    response::commit_header(ctx, &mut header);
+    if header.status.is_success() {
+        planning::bind_session(router, ctx);
+    }
+    if let Err(e) = session.write_response_header(Box::new(header), false).await {
+        settle::settle_open(ctx, Outcome::Cancelled);
+        return Drive::Aborted(e.into_down());
+    }
+    if ended {
+        let mut body = (!held.is_empty()).then(|| held.freeze());
+        if !refusal {
+            let verdict = response::end_committed_body(ctx, &mut body);
+            settle::apply(ctx, verdict);
+        }
+        if let Err(e) = session.write_response_body(body, true).await {
+            settle::settle_open(ctx, Outcome::Cancelled);
+            return Drive::Aborted(e.into_down());
+        }
+        connector
+            .release_http_session(upstream, peer, Some(POOL_IDLE))
+            .await;
+        return Drive::Done;
+    }
+    if !held.is_empty() {
+        if let Err(e) = session
+            .write_response_body(Some(held.freeze()), false)
+            .await
+        {
+            settle::settle_open(ctx, Outcome::Cancelled);
+            return Drive::Aborted(e.into_down());
+        }
+    }
+    relay(session, ctx, connector, peer, upstream).await
+}
+
+fn terms(ctx: &RequestCtx) -> verdicts::Terms {
+    ctx.admitted.as_ref().map_or(
+        verdicts::Terms {
+            commit_at: CommitAt::WholeBody,
+            failover_on_client_error: false,
+        },
+        |a| a.terms,
+    )
+}
+
+fn held_stream(ctx: &RequestCtx) -> bool {
+    terms(ctx).commit_at == CommitAt::FirstContent
+}
+
+/// After the commit: relay every chunk as it comes, each read bounded by the idle timeout.
+async fn relay(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    connector: &Connector,
+    peer: &HttpPeer,
+    mut upstream: UpstreamSession,
+) -> Drive {
+    let sse = ctx.admitted.as_ref().is_some_and(|a| a.attempts.sse);
+    let idle = if sse {
+        ctx.tables.failover.stream_idle_timeout
+    } else {
+        ctx.tables.failover.ttfb_timeout
+    };
+    loop {
+        let mut chunk = match timeout(idle, upstream.read_response_body()).await {
+            Err(_) => {
+                ctx.downstream.break_with(Broke::Stalled);
+                let verdict = response::judge_body(ctx, BodyEnd::Broken(Outcome::Timeout));
+                settle::apply(ctx, verdict);
+                return Drive::Aborted(Error::explain(
+                    ErrorType::ReadTimedout,
+                    "the provider's stream stalled past stream_idle_timeout",
+                ));
+            }
+            Ok(Err(e)) => {
+                let verdict =
+                    response::judge_body(ctx, BodyEnd::Broken(verdicts::classify_proxy_error(&e)));
+                ctx.downstream.break_with(Broke::Interrupted);
+                settle::apply(ctx, verdict);
+                return Drive::Aborted(e.into_up());
+            }
+            Ok(Ok(c)) => c,
+        };
+        let eos = chunk.is_none();
+        response::filter_body(ctx, &mut chunk, eos);
+        let broken = if eos {
+            let verdict = response::end_committed_body(ctx, &mut chunk);
+            settle::apply(ctx, verdict);
+            ctx.downstream.is_broken()
+        } else {
+            false
+        };
+        if let Err(e) = session.write_response_body(chunk, eos).await {
+            // The caller went away mid-stream: cancelled, never the provider's failure.
+            settle::settle_open(ctx, Outcome::Cancelled);
+            return Drive::Aborted(e.into_down());
+        }
+        if eos {
+            if broken {
+                // Ended without its terminal event: the error event went out in-band; the
+                // connection is not reused.
+                upstream.shutdown().await;
+            } else {
+                connector
+                    .release_http_session(upstream, peer, Some(POOL_IDLE))
+                    .await;
+            }
+            return Drive::Done;
+        }
+    }
+}
+
+enum SendError {
+    Connect(Box<Error>),
+    /// After the connection was made; whether it came from the pool, and whether the whole
+    /// request had been written.
+    Proxy {
+        error: Box<Error>,
+        reused: bool,
+        written: bool,
+    },
+}
+
+/// Connect (or reuse a pooled connection), send the request, read the response header.
+async fn send(
+    connector: &Connector,
+    peer: &HttpPeer,
+    request: pingora_http::RequestHeader,
+    body: Bytes,
+) -> Result<UpstreamSession, SendError> {
+    let (mut up, reused) = connector
+        .get_http_session(peer)
+        .await
+        .map_err(SendError::Connect)?;
+    // As Pingora's own proxy loop does: the peer's timeouts bound each read and write.
+    up.set_read_timeout(peer.options.read_timeout);
+    up.set_write_timeout(peer.options.write_timeout);
+    let unwritten = |error: Box<Error>| SendError::Proxy {
+        error,
+        reused,
+        written: false,
+    };
+    up.write_request_header(Box::new(request))
+        .await
+        .map_err(unwritten)?;
+    if !body.is_empty() {
+        up.write_request_body(body, true).await.map_err(unwritten)?;
+    }
+    up.finish_request_body().await.map_err(unwritten)?;
+    let unanswered = |error: Box<Error>| SendError::Proxy {
+        error,
+        reused,
+        written: true,
+    };
+    // 1xx informational headers are read past.
+    loop {
+        up.read_response_header().await.map_err(unanswered)?;
+        let informational = up
+            .response_header()
+            .is_some_and(|h| h.status.is_informational());
+        if !informational {
+            return Ok(up);
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! Settling: an attempt's verdict applied, in one place for both drivers.
+//!
+//! A driver (Pingora's proxy loop, or signalbox's own) describes what the provider sent, gets
+//! the [`Verdict`] from `attempt::judge`, and hands it to [`apply`], which does everything the
+//! verdict implies, once: the attempt's record (what metrics, the ledger and the access line
+//! read at the end), the health observation (the breaker, the credential, the half-open probe
+//! slot), the request's failure log, and — for a failure — the next attempt: the same target
+//! after a backoff, the plan's next target, or the caller's answer. The driver is left with
+//! the [`Step`] to carry out.
+
+use std::time::Instant;
+
+use super::ctx::{Admitted, NextTarget, RequestCtx, Served};
+use super::planning::{next_target, no_target_error, plan_env};
+use crate::attempt::schedule::{self, Failed};
+use crate::attempt::{Next, Outcome, Scope, Verdict};
+use crate::error::{ErrorCode, GatewayError};
+use crate::health::{Admission, Observation};
+use crate::routing::lead::splitmix64;
+use crate::routing::plan::Target;
+use crate::routing::Tables;
+
+/// What the driver does next.
+#[derive(Debug)]
+pub enum Step {
+    /// Keep reading this attempt.
+    Continue,
+    /// Write this attempt's answer: it is the caller's.
+    Commit,
+    /// The attempt is over (its answer was the caller's).
+    Ended,
+    /// The provider refused the caller's request: relay the refusal (the attempt is settled).
+    Refuse,
+    /// Another attempt: its target is in `attempts.next`.
+    Again,
+    /// No further attempt: answer this.
+    Answer(GatewayError),
+}
+
+/// Apply a verdict on the live attempt.
+pub fn apply(ctx: &mut RequestCtx, verdict: Verdict) -> Step {
+    let RequestCtx {
+        tables,
+        admitted,
+        started,
+        surface,
+        ..
+    } = ctx;
+    let Some(a) = admitted.as_mut() else {
+        return Step::Answer(GatewayError::new(
+            ErrorCode::Internal,
+            "the gateway could not handle the request",
+        ));
+    };
+    match verdict {
+        Verdict::Pending => Step::Continue,
+        Verdict::Commit => {
+            a.attempts.served = a.attempts.live.as_ref().map(|l| Served {
+                target: l.target,
+                provider: l.provider,
+                started: l.started,
+                header_at: l.header_at,
+            });
+            Step::Commit
+        }
+        Verdict::Ended(outcome) => {
+            settle(a, outcome);
+            Step::Ended
+        }
+        Verdict::Refuse { .. } => {
+            if a.attempts.served.is_none() {
+                a.attempts.served = a.attempts.live.as_ref().map(|l| Served {
+                    target: l.target,
+                    provider: l.provider,
+                    started: l.started,
+                    header_at: l.header_at,
+                });
+            }
+            settle(a, Outcome::ClientError);
+            Step::Refuse
+        }
+        Verdict::Retry { outcome, scope } => {
+            let failed = a.attempts.live.as_ref().map(|l| {
+                (
+                    l.target,
+                    l.guard.target(),
+                    Failed {
+                        outcome,
+                        scope,
+                        status: l.status,
+                        probe: l.guard.is_probe(),
+                    },
+                )
+            });
+            if scope == Scope::LargerContext {
+                let floor = context_floor(tables, a);
+                a.plan.require_context_above(floor);
+                a.attempts.failures.note_context_exceeded();
+            }
+            settle(a, outcome);
+            if outcome != Outcome::StaleConnection {
+                a.attempts.failures.record(outcome);
+            }
+            let env = plan_env(tables);
+            let Some((target, target_ref, failed)) = failed else {
+                return Step::Answer(no_target_error(
+                    &a.plan,
+                    &a.attempts.failures,
+                    *surface,
+                    &env,
+                ));
+            };
+            let health = &tables.health;
+            let draw = splitmix64(a.seed ^ u64::from(a.attempts.made));
+            let next = schedule::next(
+                failed,
+                &a.rules,
+                a.attempts.spent(),
+                started.elapsed(),
+                || {
+                    matches!(
+                        health.admission(target_ref, env.now_ms),
+                        Admission::Healthy { .. }
+                    )
+                },
+                draw,
+            );
+            match next {
+                Next::SameTarget { delay } => {
+                    if scope == Scope::Fresh {
+                        a.attempts.fresh = true;
+                    } else {
+                        a.attempts.same_target += 1;
+                    }
+                    a.attempts.next = Some(NextTarget {
+                        // Never a probe (the schedule refuses those): no slot to hold.
+                        target: Target {
+                            probe: false,
+                            ..target
+                        },
+                        claim: None,
+                        delay,
+                    });
+                    Step::Again
+                }
+                Next::Plan(advance) => {
+                    a.attempts.same_target = 0;
+                    a.attempts.next = next_target(&mut a.plan, &env, health, advance);
+                    match a.attempts.next {
+                        Some(_) => Step::Again,
+                        None => Step::Answer(no_target_error(
+                            &a.plan,
+                            &a.attempts.failures,
+                            *surface,
+                            &env,
+                        )),
+                    }
+                }
+                Next::Stop => Step::Answer(no_target_error(
+                    &a.plan,
+                    &a.attempts.failures,
+                    *surface,
+                    &env,
+                )),
+            }
+        }
+    }
+}
+
+/// Close the live attempt with its outcome: its record, and what health learns from it (which
+/// also settles a probe slot it held).
+fn settle(a: &mut Admitted, outcome: Outcome) {
+    let at = &mut a.attempts;
+    let Some(live) = at.live.take() else {
+        return;
+    };
+    let now = Instant::now();
+    let target = (live.target.position, live.target.credential);
+    if let Some(prev) = at.log.last_mut() {
+        prev.followed = prev.target != target;
+    }
+    let ttfb = live.header_at.map(|h| h.duration_since(live.started));
+    let duration = now.duration_since(live.started);
+    at.log.push(super::ctx::AttemptRecord {
+        provider: live.provider,
+        target,
+        outcome,
+        status: live.status,
+        started: live.started,
+        ttfb,
+        duration,
+        followed: false,
+    });
+    live.guard.finish(Observation {
+        outcome,
+        ttfb,
+        latency: (outcome == Outcome::Ok).then_some(duration),
+        output_tokens: at.relay.signals().usage.map(|u| u.completion_tokens),
+        retry_after: live.retry_after,
+        probe: false,
+    });
+}
+
+/// Settle the live attempt, if one is still open when the request ends: the caller went away
+/// (or the request ended some other way no driver judged).
+pub fn settle_open(ctx: &mut RequestCtx, outcome: Outcome) {
+    if let Some(a) = ctx.admitted.as_mut() {
+        settle(a, outcome);
+    }
+}
+
+/// The context window the next candidate must exceed after a context-length refusal: the
+/// refusing model's, or (when it declares none) the request's own estimate.
+fn context_floor(tables: &Tables, a: &Admitted) -> u64 {
+    let window = a.attempts.live.as_ref().and_then(|l| {
+        let d = a.plan.deployment(&tables.catalog, l.target.position)?;
+        tables.catalog.model(d.model?).context_window
+    });
+    window.map_or_else(|| a.request.prompt_tokens(), u64::from)
+}

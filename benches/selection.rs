@@ -24,7 +24,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use signalbox::attempt::Advance;
 use signalbox::routing::lead::{self, splitmix64};
 use signalbox::routing::plan::{Plan, PlanEnv, RequestFacts};
-use signalbox::routing::{resolve, Resolution, Router};
+use signalbox::routing::{resolve, Resolution};
+use signalbox::snapshot::Runtime;
 use signalbox::testing::Fixture;
 
 const SIZES: [usize; 3] = [10, 100, 1000];
@@ -57,13 +58,13 @@ fn config_text(n: usize, strategy: &str) -> String {
     s
 }
 
-fn router(n: usize, strategy: &str) -> Arc<Router> {
+fn router(n: usize, strategy: &str) -> Arc<Runtime> {
     Arc::new(Fixture::new(&config_text(n, strategy)).router())
 }
 
 /// The request path's decision: snapshot load, name resolution, plan, first target.
-fn select(router: &Router, seed: u64) -> Option<usize> {
-    let tables = router.tables.load_full();
+fn select(router: &Runtime, seed: u64) -> Option<usize> {
+    let tables = router.snapshot.load_full();
     let Ok(Resolution::Route(r)) = resolve(&tables, "m") else {
         return None;
     };
@@ -281,7 +282,7 @@ fn bench_decide(c: &mut Criterion) {
         g.bench_function(name, |b| {
             b.iter(|| {
                 seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                let tables = router.tables.load();
+                let tables = router.snapshot.load();
                 let steering = headers.steer(Surface::ChatCompletions, &request, seed);
                 let routed = decide::route(&tables, &steering).expect("routed");
                 let env = PlanEnv {

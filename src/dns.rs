@@ -14,24 +14,24 @@ use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 
 use crate::catalog::prefer_ipv4;
-use crate::routing::Router;
+use crate::snapshot::Runtime;
 
 /// How often provider host names are re-resolved.
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(30);
 
 pub struct DnsRefresher {
-    router: Arc<Router>,
+    router: Arc<Runtime>,
     interval: Duration,
 }
 
 impl DnsRefresher {
-    pub fn new(router: Arc<Router>, interval: Duration) -> Self {
+    pub fn new(router: Arc<Runtime>, interval: Duration) -> Self {
         Self { router, interval }
     }
 
     /// Resolve every provider host name once.
     pub async fn refresh(&self) {
-        let tables = self.router.tables.load_full();
+        let tables = self.router.snapshot.load_full();
         for p in tables.catalog.providers.iter().filter(|p| p.needs_dns) {
             let host = (p.base_url.host.as_str(), p.base_url.port);
             match tokio::net::lookup_host(host).await {

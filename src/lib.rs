@@ -70,6 +70,7 @@ pub mod routing;
 pub mod secret;
 pub mod server;
 pub mod server_tls;
+pub mod snapshot;
 pub mod state;
 pub mod telemetry;
 #[cfg(any(test, feature = "test-util"))]

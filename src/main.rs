@@ -158,7 +158,7 @@ fn main() -> ExitCode {
 
 /// `signalbox explain`: build the request, explain it, print the answer.
 fn explain(
-    router: &signalbox::routing::Router,
+    router: &signalbox::snapshot::Runtime,
     surface: signalbox::adapters::surface::Surface,
     model: Option<&str>,
     headers: &[String],
@@ -192,7 +192,7 @@ fn explain(
             value.trim().as_bytes().to_vec(),
         ));
     }
-    let answer = signalbox::routing::explain::explain(
+    let answer = signalbox::snapshot::explain::explain(
         router,
         surface,
         bytes::Bytes::from(request.to_string()),
@@ -210,7 +210,7 @@ fn explain(
             serde_json::to_string_pretty(&answer).unwrap_or_default()
         );
     } else {
-        print!("{}", signalbox::routing::explain::render_text(&answer));
+        print!("{}", signalbox::snapshot::explain::render_text(&answer));
     }
     ExitCode::SUCCESS
 }

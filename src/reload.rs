@@ -28,8 +28,8 @@ use sha2::{Digest, Sha256};
 use crate::catalog::{read_key_from_env_or_file, resolve_blocking, Catalog};
 use crate::config::{self, Config, ConfigError, ConfigErrors, KeySource};
 use crate::metrics::Metrics;
-use crate::routing::{Router, Tables};
 use crate::server_tls::CertStore;
+use crate::snapshot::{Runtime, Snapshot};
 
 /// The config serving traffic: the document as written (for the admin API and write-back) and
 /// its checked form.
@@ -140,7 +140,7 @@ impl AdminTokens {
 /// Applies config changes; shared by the admin API and the `SIGHUP` service.
 pub struct Reloader {
     path: PathBuf,
-    router: Arc<Router>,
+    router: Arc<Runtime>,
     metrics: Arc<Metrics>,
     current: ArcSwap<Loaded>,
     tokens: ArcSwap<AdminTokens>,
@@ -186,7 +186,7 @@ impl Reloader {
     pub fn new(
         path: &Path,
         loaded: Loaded,
-        router: Arc<Router>,
+        router: Arc<Runtime>,
         metrics: Arc<Metrics>,
         proxy_tls: Option<Arc<CertStore>>,
     ) -> Self {
@@ -214,7 +214,7 @@ impl Reloader {
         self.tokens.load_full()
     }
 
-    pub fn router(&self) -> &Arc<Router> {
+    pub fn router(&self) -> &Arc<Runtime> {
         &self.router
     }
 
@@ -308,12 +308,12 @@ impl Reloader {
         let (catalog, warnings) =
             Catalog::build(config, &resolve_blocking, &read_key_from_env_or_file)
                 .map_err(|e| ReloadError::Build(e.to_string()))?;
-        let old = self.router.tables.load_full();
+        let old = self.router.snapshot.load_full();
         let mut catalog = catalog;
         catalog.carry_spend(&old.catalog);
         let health = old.health.carry_over(&old.catalog, &catalog, config.health);
         let catalog = Arc::new(catalog);
-        let (tables, key_warnings) = Tables::build(
+        let (tables, key_warnings) = Snapshot::build(
             config,
             catalog,
             Arc::new(health),
@@ -349,7 +349,7 @@ impl Reloader {
             }
         }
         let generation = built.tables.generation;
-        self.router.tables.store(Arc::new(built.tables));
+        self.router.snapshot.store(Arc::new(built.tables));
         self.router.rerank();
         self.tokens.store(Arc::new(built.tokens));
         // The certificate the new config validated (files read then): the next handshake
@@ -396,7 +396,7 @@ impl Reloader {
 
 /// A snapshot built and ready to swap in.
 struct Built {
-    tables: Tables,
+    tables: Snapshot,
     tokens: AdminTokens,
     warnings: Vec<String>,
 }

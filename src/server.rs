@@ -26,8 +26,8 @@ use crate::metrics::ledger::LedgerCollector;
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
 use crate::reload::Reloader;
-use crate::routing::rank::RankerService;
-use crate::routing::{Router, Tables};
+use crate::snapshot::RankerService;
+use crate::snapshot::{Runtime, Snapshot};
 use crate::state::redis::RedisBackend;
 use crate::state::{MemoryBackend, StateBackend, StateMetrics, StateService, StateSync};
 
@@ -36,7 +36,7 @@ use crate::server_tls::CertStore;
 /// State shared by every request and every background service: routing (snapshot, rankings,
 /// health, sessions) and the metric families.
 pub struct GatewayState {
-    pub router: Arc<Router>,
+    pub router: Arc<Runtime>,
     pub metrics: Arc<Metrics>,
     /// The proxy listener's certificate when it terminates TLS (`listen.proxy_tls`): the
     /// resolver its handshakes read, swapped by the reloader.
@@ -44,8 +44,8 @@ pub struct GatewayState {
 }
 
 impl GatewayState {
-    pub fn new(router: Arc<Router>, metrics: Arc<Metrics>) -> Self {
-        let generation = router.tables.load().generation;
+    pub fn new(router: Arc<Runtime>, metrics: Arc<Metrics>) -> Self {
+        let generation = router.snapshot.load().generation;
         metrics
             .config_generation
             .set(i64::try_from(generation).unwrap_or(0));
@@ -60,7 +60,7 @@ impl GatewayState {
     pub fn health_source(&self) -> HealthSource {
         let router = self.router.clone();
         Arc::new(move || {
-            let tables = router.tables.load();
+            let tables = router.snapshot.load();
             (tables.catalog.clone(), tables.health.clone())
         })
     }
@@ -91,10 +91,10 @@ pub fn build_state_with_clock(
     let shared = HealthShared::new(clock, &config.health);
     let health = Arc::new(HealthRegistry::new(&catalog, config.health, shared.clone()));
     let (tables, key_warnings) =
-        Tables::build(config, catalog, health, &metrics, 1).with_accounts(config, None);
+        Snapshot::build(config, catalog, health, &metrics, 1).with_accounts(config, None);
     let mut warnings = warnings;
     warnings.extend(key_warnings.into_iter().map(CatalogWarning));
-    let router = Arc::new(Router::new(tables, shared));
+    let router = Arc::new(Runtime::new(tables, shared));
     let mut state = GatewayState::new(router, metrics);
     state.proxy_tls = config
         .listen
@@ -197,8 +197,8 @@ pub fn open_accounts(
 /// deployment's, its provider's and the gateway's. Returns the rows read. The rebuilt spend is
 /// marked as already in the shared store (a store that lived on holds it; the first round
 /// against an empty one pushes it: `state`).
-fn rebuild_spend(router: &Router, ledger: &Ledger) -> Result<usize, StartupError> {
-    let tables = router.tables.load();
+fn rebuild_spend(router: &Runtime, ledger: &Ledger) -> Result<usize, StartupError> {
+    let tables = router.snapshot.load();
     let now_s = router.health.wall_s();
     let mut starts = Vec::new();
     let catalog = &tables.catalog;

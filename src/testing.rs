@@ -16,7 +16,8 @@ use crate::health::clock::ManualClock;
 use crate::health::{HealthRegistry, HealthShared, Observation, TargetRef};
 use crate::metrics::Metrics;
 use crate::routing::plan::PlanEnv;
-use crate::routing::{Router, Tables};
+use crate::routing::RouteTable;
+use crate::snapshot::{Runtime, Snapshot};
 
 /// A config, its catalog and health, on a clock that only moves when told.
 pub struct Fixture {
@@ -62,10 +63,15 @@ impl Fixture {
             .0
     }
 
-    /// The routing snapshot of this fixture (generation 1).
-    pub fn tables(&self) -> Tables {
+    /// The route table of this fixture (generation 1): what the deciding code reads.
+    pub fn route_table(&self) -> RouteTable {
+        RouteTable::build(&self.config, self.catalog.clone(), self.health.clone(), 1)
+    }
+
+    /// The snapshot of this fixture (generation 1).
+    pub fn snapshot(&self) -> Snapshot {
         let metrics = Metrics::new().expect("metrics");
-        Tables::build(
+        Snapshot::build(
             &self.config,
             self.catalog.clone(),
             self.health.clone(),
@@ -75,8 +81,8 @@ impl Fixture {
     }
 
     /// A router over this fixture's snapshot, its rankings built now.
-    pub fn router(&self) -> Router {
-        Router::new(self.tables(), self.shared.clone())
+    pub fn router(&self) -> Runtime {
+        Runtime::new(self.snapshot(), self.shared.clone())
     }
 
     /// The plan's view of the world now.

@@ -223,7 +223,7 @@ async fn sort_chain(reloader: &Arc<Reloader>, name: &str, preset: &str) -> Respo
     else {
         return error(404, "not_found", &format!("no chain named {name:?}"));
     };
-    let tables = reloader.router().tables.load_full();
+    let tables = reloader.router().snapshot.load_full();
     let key = |model: usize| -> (f64, f64) {
         let m = &loaded.config.models[model];
         let deployments: Vec<_> = tables

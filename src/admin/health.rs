@@ -8,16 +8,16 @@ use serde_json::{json, Value};
 
 use crate::health::breaker::{BreakerState, FULL_HEALTH};
 use crate::health::{Admission, Unavailable};
-use crate::routing::Router;
+use crate::snapshot::Runtime;
 
-fn until(router: &Router, now_ms: u64, until_ms: u64) -> Value {
+fn until(router: &Runtime, now_ms: u64, until_ms: u64) -> Value {
     let left = until_ms.saturating_sub(now_ms);
     let at = router.health.clock.wall() + Duration::from_millis(left);
     json!({ "in_ms": left, "at": httpdate::fmt_http_date(at) })
 }
 
-pub fn render(router: &Router) -> Value {
-    let tables = router.tables.load_full();
+pub fn render(router: &Runtime) -> Value {
+    let tables = router.snapshot.load_full();
     let catalog = &tables.catalog;
     let reg = &tables.health;
     let now = reg.now_ms();

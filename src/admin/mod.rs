@@ -200,7 +200,7 @@ impl ServeHttp for AdminApp {
                 self.metrics.render().into_bytes(),
             ),
             (&Method::GET, ["healthz"]) => {
-                let generation = self.reloader.router().tables.load().generation;
+                let generation = self.reloader.router().snapshot.load().generation;
                 json(
                     200,
                     &serde_json::json!({
@@ -239,7 +239,7 @@ impl ServeHttp for AdminApp {
 
 impl AdminApp {
     /// `POST /admin/explain`: the body is a request as a caller would send it, with its
-    /// `x-llm-*` headers; the answer is the explanation (see `routing::explain`).
+    /// `x-llm-*` headers; the answer is the explanation (see `snapshot::explain`).
     async fn explain(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let body = match read_body(session).await {
             Ok(b) => b,
@@ -273,7 +273,7 @@ impl AdminApp {
             .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("key=")))
             .map(str::to_owned);
         let headers = &session.req_header().headers;
-        let answer = crate::routing::explain::explain(
+        let answer = crate::snapshot::explain::explain(
             self.reloader.router(),
             surface,
             body,

@@ -14,7 +14,7 @@ use std::collections::HashSet;
 
 use serde_json::json;
 
-use crate::routing::Router;
+use crate::snapshot::Runtime;
 
 /// Is a socket of this process listening on TCP `port`? `None` where `/proc` cannot tell
 /// (not Linux, or `/proc` not mounted): then the check is skipped, not failed.
@@ -61,8 +61,8 @@ fn listening_in(table: &str, port: u16, ours: &HashSet<u64>) -> bool {
     })
 }
 
-pub fn ready(router: &Router, proxy_port: Option<u16>) -> http::Response<Vec<u8>> {
-    let tables = router.tables.load_full();
+pub fn ready(router: &Runtime, proxy_port: Option<u16>) -> http::Response<Vec<u8>> {
+    let tables = router.snapshot.load_full();
     let catalog = &tables.catalog;
     let mut unready = Vec::new();
     for route in tables

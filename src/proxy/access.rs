@@ -10,25 +10,25 @@ use crate::adapters::caller::CallerRequest;
 use crate::error::{ErrorCode, GatewayError};
 use crate::keys::{self, cost_micro_usd, ClientKey, Refusal};
 use crate::routing::decide::KeyFacts;
-use crate::routing::Tables;
+use crate::snapshot::Snapshot;
 
 /// The wall clock in whole seconds, from the health clock (injectable).
 fn now_s(ctx: &RequestCtx) -> u64 {
-    ctx.tables.health.shared.wall_s()
+    ctx.snapshot.health.shared.wall_s()
 }
 
 /// The caller's key, when keys are configured.
-pub fn key<'t>(ctx: &RequestCtx, tables: &'t Tables) -> Option<&'t ClientKey> {
-    tables.keys.as_ref()?.get(ctx.key?)
+pub fn key<'t>(ctx: &RequestCtx, snapshot: &'t Snapshot) -> Option<&'t ClientKey> {
+    snapshot.keys.as_ref()?.get(ctx.key?)
 }
 
 /// Who is calling: with keys configured, the request must present one of them.
 pub fn authenticate(
     ctx: &mut RequestCtx,
-    tables: &Tables,
+    snapshot: &Snapshot,
     headers: &HeaderMap,
 ) -> Result<(), GatewayError> {
-    let Some(table) = &tables.keys else {
+    let Some(table) = &snapshot.keys else {
         return Ok(());
     };
     match keys::presented(headers).and_then(|p| table.authenticate(p)) {
@@ -47,13 +47,13 @@ pub fn authenticate(
 /// then whether its limits have room; the request is counted against them when admitted.
 pub fn admit(
     ctx: &mut RequestCtx,
-    tables: &Tables,
+    snapshot: &Snapshot,
     request: &CallerRequest,
     route_header: Option<&[u8]>,
 ) -> Result<(), GatewayError> {
-    if let Some(budget) = &tables.global_budget {
+    if let Some(budget) = &snapshot.global_budget {
         // The whole gateway's budget: spent, nothing is sent anywhere.
-        if let Err(secs) = tables.global_spend.check(budget, now_s(ctx)) {
+        if let Err(secs) = snapshot.global_spend.check(budget, now_s(ctx)) {
             return Err(GatewayError::new(
                 ErrorCode::BudgetExceeded,
                 "the gateway has spent its budget for the period",
@@ -61,7 +61,7 @@ pub fn admit(
             .with_retry_after(Some(secs)));
         }
     }
-    let Some(key) = key(ctx, tables) else {
+    let Some(key) = key(ctx, snapshot) else {
         return Ok(());
     };
     if !key.allows_request(request, route_header) {
@@ -95,8 +95,8 @@ pub fn admit(
 }
 
 /// Give back what an admitted request reserved when signalbox refused it before any call.
-pub fn refund(ctx: &mut RequestCtx, tables: &Tables) {
-    let (Some(key), Some(r)) = (key(ctx, tables), ctx.key_reservation.take()) else {
+pub fn refund(ctx: &mut RequestCtx, snapshot: &Snapshot) {
+    let (Some(key), Some(r)) = (key(ctx, snapshot), ctx.key_reservation.take()) else {
         return;
     };
     key.state.requests.sub(r.at_s, 1);
@@ -104,8 +104,8 @@ pub fn refund(ctx: &mut RequestCtx, tables: &Tables) {
 }
 
 /// What conditions may read about the key.
-pub fn facts<'t>(ctx: &RequestCtx, tables: &'t Tables) -> Option<KeyFacts<'t>> {
-    let key = key(ctx, tables)?;
+pub fn facts<'t>(ctx: &RequestCtx, snapshot: &'t Snapshot) -> Option<KeyFacts<'t>> {
+    let key = key(ctx, snapshot)?;
     Some(KeyFacts {
         id: &key.id,
         user: key.user.as_deref(),
@@ -121,12 +121,15 @@ pub fn facts<'t>(ctx: &RequestCtx, tables: &'t Tables) -> Option<KeyFacts<'t>> {
 pub fn settle(ctx: &mut RequestCtx) -> u64 {
     let reservation = ctx.key_reservation.take();
     let ctx = &*ctx;
-    let tables = &*ctx.tables;
+    let snapshot = &*ctx.snapshot;
     let now = now_s(ctx);
     let served = ctx.admitted.as_ref().and_then(|a| {
         let s = a.attempts.served?;
         let usage = a.attempts.relay.signals().usage;
-        Some((a.plan.deployment(&tables.catalog, s.target.position), usage))
+        Some((
+            a.plan.deployment(&snapshot.catalog, s.target.position),
+            usage,
+        ))
     });
     let (deployment, usage) = served.unwrap_or((None, None));
     if let (Some(d), Some(u)) = (deployment, usage) {
@@ -143,17 +146,17 @@ pub fn settle(ctx: &mut RequestCtx) -> u64 {
         ),
         _ => 0,
     };
-    if !tables.has_budgets && reservation.is_none() {
+    if !snapshot.has_budgets && reservation.is_none() {
         // Nothing to count against.
         return cost;
     }
     if cost > 0 {
         if let Some(d) = deployment {
-            let provider = tables.catalog.provider(d.provider);
+            let provider = snapshot.catalog.provider(d.provider);
             let spends = [
                 (d.budget, &*d.spend),
                 (provider.budget, &*provider.spend),
-                (tables.global_budget, &*tables.global_spend),
+                (snapshot.global_budget, &*snapshot.global_spend),
             ];
             for (budget, spend) in spends {
                 if let Some(b) = budget {
@@ -165,7 +168,7 @@ pub fn settle(ctx: &mut RequestCtx) -> u64 {
     let Some(reservation) = reservation else {
         return cost;
     };
-    let Some(key) = key(ctx, tables) else {
+    let Some(key) = key(ctx, snapshot) else {
         return cost;
     };
     let used = usage.map(|u| u.prompt_tokens + u.completion_tokens);

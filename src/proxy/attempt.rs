@@ -23,7 +23,7 @@ use crate::adapters::relay::Relay;
 use crate::adapters::surface::{Conversion, Dialect, Surface};
 use crate::config::ProviderKind;
 use crate::health::TargetRef;
-use crate::routing::Tables;
+use crate::snapshot::Snapshot;
 
 /// Headers a client may use to authenticate to signalbox; never forwarded upstream.
 static CLIENT_AUTH_HEADERS: [HeaderName; 4] = [
@@ -54,7 +54,7 @@ fn internal(why: &'static str) -> Box<Error> {
 /// Start the next attempt: its peer (a pre-resolved address, TLS/SNI, timeouts), its health
 /// bookkeeping (the in-flight count, the probe slot it holds), its count. The body must have
 /// been prepared for its target ([`prepare_body`]).
-pub fn begin(tables: &Tables, a: &mut Admitted) -> pingora_error::Result<Box<HttpPeer>> {
+pub fn begin(snapshot: &Snapshot, a: &mut Admitted) -> pingora_error::Result<Box<HttpPeer>> {
     let next = a
         .attempts
         .next
@@ -63,10 +63,10 @@ pub fn begin(tables: &Tables, a: &mut Admitted) -> pingora_error::Result<Box<Htt
     let target = next.target;
     let deployment = a
         .plan
-        .deployment(&tables.catalog, target.position)
+        .deployment(&snapshot.catalog, target.position)
         .ok_or_else(|| internal("target has no deployment"))?;
     let provider = deployment.provider;
-    let peer = tables
+    let peer = snapshot
         .catalog
         .provider(provider)
         .peer()
@@ -86,11 +86,11 @@ pub fn begin(tables: &Tables, a: &mut Admitted) -> pingora_error::Result<Box<Htt
         started: now,
         header_at: None,
         status: None,
-        guard: tables.health.begin(health_ref, next.claim),
+        guard: snapshot.health.begin(health_ref, next.claim),
         retry_after: None,
     });
     // The deployment's request window (its `rpm`, its headroom), counted per call made.
-    deployment.requests.add(tables.health.shared.wall_s(), 1);
+    deployment.requests.add(snapshot.health.shared.wall_s(), 1);
     // What an earlier attempt's response set up does not carry over.
     at.relay = Relay::passthrough();
     at.sse = false;
@@ -101,17 +101,17 @@ pub fn begin(tables: &Tables, a: &mut Admitted) -> pingora_error::Result<Box<Htt
 /// conversion changes. A target whose dialect cannot express the request is refused with the
 /// field it cannot carry.
 pub fn prepare_body(
-    tables: &Tables,
+    snapshot: &Snapshot,
     surface: Surface,
     a: &mut Admitted,
 ) -> Result<(), Unexpressible> {
     let Some(next) = &a.attempts.next else {
         return Ok(());
     };
-    let Some(deployment) = a.plan.deployment(&tables.catalog, next.target.position) else {
+    let Some(deployment) = a.plan.deployment(&snapshot.catalog, next.target.position) else {
         return Ok(());
     };
-    let kind = tables.catalog.provider(deployment.provider).kind;
+    let kind = snapshot.catalog.provider(deployment.provider).kind;
     let conversion = surface.served_by(kind).unwrap_or(Conversion::Same);
     let reuse = a.attempts.body.as_ref().is_some_and(|b| {
         b.conversion == conversion && b.upstream_model == deployment.upstream_model_json
@@ -138,7 +138,7 @@ pub fn rewrite_request_header(
     ctx: &RequestCtx,
     upstream_request: &mut RequestHeader,
 ) -> pingora_error::Result<()> {
-    let tables = &ctx.tables;
+    let snapshot = &ctx.snapshot;
     let Some(a) = &ctx.admitted else {
         return Err(internal("no attempt in progress"));
     };
@@ -149,9 +149,9 @@ pub fn rewrite_request_header(
         .ok_or_else(|| internal("no attempt in progress"))?;
     let deployment = a
         .plan
-        .deployment(&tables.catalog, live.target.position)
+        .deployment(&snapshot.catalog, live.target.position)
         .ok_or_else(|| internal("no deployment"))?;
-    let provider = tables.catalog.provider(deployment.provider);
+    let provider = snapshot.catalog.provider(deployment.provider);
     let auth = provider
         .credentials
         .get(live.target.credential)

@@ -32,7 +32,7 @@ use crate::keys::Reservation;
 use crate::routing::decide::Routed;
 use crate::routing::lead::splitmix64;
 use crate::routing::plan::{Plan, Target};
-use crate::routing::Tables;
+use crate::snapshot::Snapshot;
 
 /// One request's context.
 #[derive(Debug)]
@@ -42,7 +42,7 @@ pub struct RequestCtx {
     /// The endpoint the caller called (the dialect of every answer).
     pub surface: Surface,
     /// The snapshot the request runs on.
-    pub tables: Arc<Tables>,
+    pub snapshot: Arc<Snapshot>,
     /// The caller's key (its index in the snapshot's key table), when keys are configured.
     pub key: Option<usize>,
     /// What the key reserved for this request (settled when it ends).
@@ -247,12 +247,12 @@ impl Downstream {
 }
 
 impl RequestCtx {
-    pub fn new(tables: Arc<Tables>) -> Self {
+    pub fn new(snapshot: Arc<Snapshot>) -> Self {
         Self {
             started: Instant::now(),
             request_id: next_request_id(),
             surface: Surface::ChatCompletions,
-            tables,
+            snapshot,
             key: None,
             key_reservation: None,
             admitted: None,

@@ -37,7 +37,7 @@ use crate::adapters::caller::CallerRequest;
 use crate::attempt::verdict::HELD_BODY_LIMIT;
 use crate::attempt::{self as verdicts, BodyEnd, CommitAt, Outcome, Sent, Verdict};
 use crate::error::{ErrorCode, GatewayError};
-use crate::routing::Router;
+use crate::snapshot::Runtime;
 
 /// How long an idle upstream connection stays in the driver's pool.
 const POOL_IDLE: Duration = Duration::from_secs(60);
@@ -60,13 +60,13 @@ enum Drive {
 pub async fn serve(
     session: &mut Session,
     ctx: &mut RequestCtx,
-    router: &Router,
+    runtime: &Runtime,
     connector: &Connector,
 ) -> pingora_error::Result<bool> {
     loop {
         let prepared = {
             let RequestCtx {
-                tables,
+                snapshot,
                 admitted,
                 surface,
                 ..
@@ -74,7 +74,7 @@ pub async fn serve(
             let a = admitted
                 .as_mut()
                 .ok_or_else(|| Error::explain(ErrorType::InternalError, "no plan"))?;
-            attempt::prepare_body(tables, *surface, a)
+            attempt::prepare_body(snapshot, *surface, a)
         };
         if let Err(unexpressible) = prepared {
             // This target's dialect cannot carry the request: the next one may (the target,
@@ -96,14 +96,14 @@ pub async fn serve(
         }
         let peer = {
             let RequestCtx {
-                tables, admitted, ..
+                snapshot, admitted, ..
             } = &mut *ctx;
             let a = admitted
                 .as_mut()
                 .ok_or_else(|| Error::explain(ErrorType::InternalError, "no plan"))?;
-            attempt::begin(tables, a)?
+            attempt::begin(snapshot, a)?
         };
-        match drive(session, ctx, router, connector, &peer).await {
+        match drive(session, ctx, runtime, connector, &peer).await {
             Drive::Done => return Ok(true),
             Drive::Aborted(e) => return Err(e),
             Drive::Again => {}
@@ -123,20 +123,20 @@ fn skip_unexpressible(
     unexpressible: crate::adapters::chat_messages::Unexpressible,
 ) -> Option<GatewayError> {
     let RequestCtx {
-        tables,
+        snapshot,
         admitted,
         surface,
         ..
     } = ctx;
     let a = admitted.as_mut()?;
-    let env = planning::plan_env(tables);
+    let env = planning::plan_env(snapshot);
     // Dropping the target gives back a probe slot it held.
     a.attempts.next = None;
     a.attempts.unexpressible = Some(unexpressible);
     a.attempts.next = planning::next_target(
         &mut a.plan,
         &env,
-        &tables.health,
+        &snapshot.health,
         verdicts::Advance::NextDeployment,
     );
     if a.attempts.next.is_some() {
@@ -162,7 +162,7 @@ fn after(step: Step) -> Drive {
 /// TTFB timeout (a whole answer). The request's deadline does not cut it short: it only stops
 /// new attempts after the first retry.
 fn first_content_deadline(ctx: &RequestCtx) -> Instant {
-    let failover = &ctx.tables.failover;
+    let failover = &ctx.snapshot.failover;
     let stream = ctx
         .admitted
         .as_ref()
@@ -179,7 +179,7 @@ fn first_content_deadline(ctx: &RequestCtx) -> Instant {
 async fn drive(
     session: &mut Session,
     ctx: &mut RequestCtx,
-    router: &Router,
+    runtime: &Runtime,
     connector: &Connector,
     peer: &HttpPeer,
 ) -> Drive {
@@ -273,7 +273,7 @@ async fn drive(
     if refusal {
         // A refusal: read it whole (a small error body), then relay it, or — under a policy
         // that fails over on client errors — judge it.
-        let idle = ctx.tables.failover.ttfb_timeout;
+        let idle = ctx.snapshot.failover.ttfb_timeout;
         loop {
             let mut chunk = match timeout(idle, upstream.read_response_body()).await {
                 Ok(Ok(c)) => c,
@@ -297,7 +297,7 @@ async fn drive(
     } else {
         // An answer: read until its commit point.
         let whole = terms(ctx).commit_at == CommitAt::WholeBody;
-        let idle = ctx.tables.failover.ttfb_timeout;
+        let idle = ctx.snapshot.failover.ttfb_timeout;
         let mut upstream_bytes = 0usize;
         loop {
             let read = if whole {
@@ -355,7 +355,7 @@ async fn drive(
     // Commit: the header (with the routing headers), then what was held.
     response::commit_header(ctx, &mut header);
     if header.status.is_success() {
-        planning::bind_session(router, ctx);
+        planning::bind_session(runtime, ctx);
     }
     if let Err(e) = session.write_response_header(Box::new(header), false).await {
         settle::settle_open(ctx, Outcome::Cancelled);
@@ -412,9 +412,9 @@ async fn relay(
 ) -> Drive {
     let sse = ctx.admitted.as_ref().is_some_and(|a| a.attempts.sse);
     let idle = if sse {
-        ctx.tables.failover.stream_idle_timeout
+        ctx.snapshot.failover.stream_idle_timeout
     } else {
-        ctx.tables.failover.ttfb_timeout
+        ctx.snapshot.failover.ttfb_timeout
     };
     loop {
         let mut chunk = match timeout(idle, upstream.read_response_body()).await {

@@ -17,7 +17,7 @@ use crate::metrics::{
 };
 use crate::routing::decide::Via;
 use crate::routing::plan::Plan;
-use crate::routing::Tables;
+use crate::snapshot::Snapshot;
 
 /// Settle, count, record and log a finished request.
 pub fn emit(ctx: &mut RequestCtx, e: Option<&Error>, metrics: &Metrics, ledger: Option<&Ledger>) {
@@ -53,14 +53,14 @@ fn settle_open_attempt(ctx: &mut RequestCtx, e: Option<&Error>) {
 }
 
 fn count(ctx: &RequestCtx, cost: u64) {
-    let tables = &*ctx.tables;
-    let metrics = &tables.metrics;
-    let none = tables.catalog.providers.len();
+    let snapshot = &*ctx.snapshot;
+    let metrics = &snapshot.metrics;
+    let none = snapshot.catalog.providers.len();
     let a = ctx.admitted.as_ref();
     let served = a.and_then(|a| a.attempts.served);
     let served_provider = served.map_or(none, |s| s.provider.get());
-    let route = tables
-        .route(a.map_or(tables.unresolved, |a| a.routed.route))
+    let route = snapshot
+        .route(a.map_or(snapshot.unresolved, |a| a.routed.route))
         .metric;
     metrics.requests.inc(&[
         route,
@@ -72,7 +72,7 @@ fn count(ctx: &RequestCtx, cost: u64) {
     };
     if let (Some(usage), Some(served)) = (a.attempts.relay.signals().usage, served) {
         let p = served.provider.get();
-        let catalog = &tables.catalog;
+        let catalog = &snapshot.catalog;
         // Ad-hoc deployments (`<provider>/<name>`) count under `direct`, after the models.
         let model = a
             .plan
@@ -81,7 +81,7 @@ fn count(ctx: &RequestCtx, cost: u64) {
             .map_or(catalog.models.len(), |m| m.get());
         let key = ctx
             .key
-            .and_then(|k| tables.keys.as_ref()?.get(k))
+            .and_then(|k| snapshot.keys.as_ref()?.get(k))
             .map(|k| k.metric);
         for (kind, n) in [
             (TOKENS_PROMPT, usage.prompt_tokens),
@@ -113,7 +113,7 @@ fn count(ctx: &RequestCtx, cost: u64) {
             if let Some(n) = rule {
                 metrics.rule_matches.inc(&[n]);
             }
-            let entries = tables.policies.iter().map(|p| p.entries.len()).max();
+            let entries = snapshot.policies.iter().map(|p| p.entries.len()).max();
             let entry = selection.entry.unwrap_or(entries.unwrap_or(0));
             metrics.policy_selections.inc(&[policy.get(), entry]);
         }
@@ -141,19 +141,19 @@ fn count(ctx: &RequestCtx, cost: u64) {
 /// carries the reported tokens and the cost. Only what a ledger needs is allocated, and only
 /// when one is configured.
 fn record(ctx: &RequestCtx, cost: u64, ledger: &Ledger) {
-    let tables = &*ctx.tables;
+    let snapshot = &*ctx.snapshot;
     let Some(a) = ctx.admitted.as_ref().filter(|a| !a.attempts.log.is_empty()) else {
         // Refused or answered by signalbox itself: no attempt, no row (DESIGN §8).
         return;
     };
-    let catalog = &tables.catalog;
+    let catalog = &snapshot.catalog;
     let key = ctx
         .key
-        .and_then(|k| tables.keys.as_ref().and_then(|keys| keys.get(k)));
-    let route = tables.route(a.routed.route);
+        .and_then(|k| snapshot.keys.as_ref().and_then(|keys| keys.get(k)));
+    let route = snapshot.route(a.routed.route);
     let request_id: Box<str> = ctx.request_id.to_str().unwrap_or("").into();
     let now = std::time::Instant::now();
-    let wall_ms = tables.health.shared.wall_ms();
+    let wall_ms = snapshot.health.shared.wall_ms();
     let served_any = a.attempts.served.is_some();
     let usage = a.attempts.relay.signals().usage.filter(|_| served_any);
     let last = a.attempts.log.len() - 1;
@@ -207,11 +207,11 @@ fn access_line(ctx: &RequestCtx) {
     if !tracing::enabled!(target: "access", tracing::Level::INFO) {
         return;
     }
-    let tables = &*ctx.tables;
+    let snapshot = &*ctx.snapshot;
     let a = ctx.admitted.as_ref();
     let served = a.and_then(|a| a.attempts.served);
-    let provider = served.map_or("none", |s| &*tables.catalog.provider(s.provider).id);
-    let route = tables.route(a.map_or(tables.unresolved, |a| a.routed.route));
+    let provider = served.map_or("none", |s| &*snapshot.catalog.provider(s.provider).id);
+    let route = snapshot.route(a.map_or(snapshot.unresolved, |a| a.routed.route));
     let ttfb_ms = served.and_then(|s| s.header_at.map(|h| millis(h.duration_since(s.started))));
     let usage = a
         .and_then(|a| a.attempts.relay.signals().usage)
@@ -224,7 +224,7 @@ fn access_line(ctx: &RequestCtx) {
         status = ctx.downstream.status().unwrap_or(0),
         attempts = a.map_or(0, |a| a.attempts.made),
         tried = %Tried {
-            tables,
+            snapshot,
             plan: a.map(|a| &a.plan),
             log: a.map_or(&[][..], |a| &a.attempts.log),
         },
@@ -250,14 +250,14 @@ fn millis(d: Duration) -> f64 {
 /// Every attempt, comma-separated: `provider/upstream_model:credential:outcome`. Names come
 /// from the config (provider id, upstream model name, credential id), never a key or a URL.
 struct Tried<'a> {
-    tables: &'a Tables,
+    snapshot: &'a Snapshot,
     plan: Option<&'a Plan>,
     log: &'a [AttemptRecord],
 }
 
 impl fmt::Display for Tried<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let catalog = &self.tables.catalog;
+        let catalog = &self.snapshot.catalog;
         for (i, rec) in self.log.iter().enumerate() {
             if i > 0 {
                 f.write_str(",")?;

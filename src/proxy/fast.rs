@@ -23,7 +23,7 @@ use super::{attempt, planning, respond, response};
 use crate::adapters::relay::stream_error_event;
 use crate::attempt::{self as verdicts, BodyEnd, Outcome, Sent, Verdict};
 use crate::error::{ErrorCode, GatewayError};
-use crate::routing::Router;
+use crate::snapshot::Runtime;
 
 fn internal(why: &'static str) -> Box<Error> {
     Error::explain(ErrorType::InternalError, why)
@@ -40,7 +40,7 @@ fn committed(session: &Session, ctx: &RequestCtx) -> bool {
 /// `upstream_peer`: the next attempt's peer, after its backoff.
 pub async fn peer(ctx: &mut RequestCtx) -> pingora_error::Result<Box<HttpPeer>> {
     let RequestCtx {
-        tables,
+        snapshot,
         admitted,
         surface,
         ..
@@ -50,7 +50,7 @@ pub async fn peer(ctx: &mut RequestCtx) -> pingora_error::Result<Box<HttpPeer>> 
         .ok_or_else(|| internal("no plan for this request"))?;
     // The fast path never translates (a plan that would goes to the driven path), so every
     // target can carry the request.
-    attempt::prepare_body(tables, *surface, a)
+    attempt::prepare_body(snapshot, *surface, a)
         .map_err(|_| internal("the request cannot be expressed for this target"))?;
     let delay = a
         .attempts
@@ -61,7 +61,7 @@ pub async fn peer(ctx: &mut RequestCtx) -> pingora_error::Result<Box<HttpPeer>> 
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
-    attempt::begin(tables, a)
+    attempt::begin(snapshot, a)
 }
 
 /// Apply a failure verdict; whether Pingora should run another attempt.
@@ -120,13 +120,13 @@ pub fn on_upstream_header(
 }
 
 /// `response_filter`: the header commits; routing headers; a success binds the session.
-pub fn on_header(router: &Router, ctx: &mut RequestCtx, response: &mut ResponseHeader) {
+pub fn on_header(runtime: &Runtime, ctx: &mut RequestCtx, response: &mut ResponseHeader) {
     if response.status.is_informational() {
         return;
     }
     response::commit_header(ctx, response);
     if response.status.is_success() {
-        planning::bind_session(router, ctx);
+        planning::bind_session(runtime, ctx);
     }
 }
 
@@ -265,7 +265,7 @@ pub async fn answer(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> F
             &a.plan,
             &a.attempts.failures,
             ctx.surface,
-            &plan_env(&ctx.tables),
+            &plan_env(&ctx.snapshot),
         ),
         (_, None) => GatewayError::new(
             ErrorCode::Internal,

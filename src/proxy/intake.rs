@@ -14,7 +14,7 @@ use crate::adapters::caller::CallerRequest;
 use crate::adapters::surface::{Dialect, Surface};
 use crate::error::{ErrorCode, GatewayError};
 use crate::metrics::Metrics;
-use crate::routing::{Router, Tables};
+use crate::snapshot::{Runtime, Snapshot};
 use pingora_core::connectors::http::Connector;
 
 /// Admit a request: `Ok(true)` when signalbox answered it itself or served it with its own
@@ -22,11 +22,11 @@ use pingora_core::connectors::http::Connector;
 pub async fn admit(
     session: &mut Session,
     ctx: &mut RequestCtx,
-    router: &Router,
+    runtime: &Runtime,
     metrics: &Metrics,
     connector: &Connector,
 ) -> pingora_error::Result<bool> {
-    let tables = ctx.tables.clone();
+    let snapshot = ctx.snapshot.clone();
     metrics.in_flight.inc();
     ctx.in_flight = true;
 
@@ -41,23 +41,23 @@ pub async fn admit(
         } else {
             Dialect::OpenAi
         };
-        if let Err(refusal) = access::authenticate(ctx, &tables, &req.headers) {
+        if let Err(refusal) = access::authenticate(ctx, &snapshot, &req.headers) {
             respond::write_error(session, ctx, refusal).await?;
             return Ok(true);
         }
-        let body = respond::models_body(&tables, dialect, access::key(ctx, &tables));
+        let body = respond::models_body(&snapshot, dialect, access::key(ctx, &snapshot));
         respond::write_json(session, ctx, 200, body, None).await?;
         return Ok(true);
     }
-    let admitted = match check_request_line(session, ctx, &tables) {
+    let admitted = match check_request_line(session, ctx, &snapshot) {
         Err(refusal) => Err(refusal),
-        Ok(()) => match access::authenticate(ctx, &tables, &session.req_header().headers) {
+        Ok(()) => match access::authenticate(ctx, &snapshot, &session.req_header().headers) {
             Err(refusal) => {
                 // The body is left unread: the connection is not reused.
                 session.set_keepalive(None);
                 Err(refusal)
             }
-            Ok(()) => match read_request(session, ctx.surface, &tables).await? {
+            Ok(()) => match read_request(session, ctx.surface, &snapshot).await? {
                 Err(refusal) => Err(refusal),
                 Ok((request, own_replay)) => {
                     let route = session
@@ -65,9 +65,9 @@ pub async fn admit(
                         .headers
                         .get(&respond::names::X_LLM_ROUTE)
                         .map(http::HeaderValue::as_bytes);
-                    access::admit(ctx, &tables, &request, route).and_then(|()| {
-                        planning::plan_request(session, ctx, router, request, own_replay)
-                            .inspect_err(|_| access::refund(ctx, &tables))
+                    access::admit(ctx, &snapshot, &request, route).and_then(|()| {
+                        planning::plan_request(session, ctx, runtime, request, own_replay)
+                            .inspect_err(|_| access::refund(ctx, &snapshot))
                     })
                 }
             },
@@ -78,11 +78,11 @@ pub async fn admit(
             let driven = admitted.driven;
             ctx.admitted = Some(admitted);
             match planning::first_target_missing(ctx) {
-                None if driven => return driven::serve(session, ctx, router, connector).await,
+                None if driven => return driven::serve(session, ctx, runtime, connector).await,
                 None => return Ok(false),
                 Some(refusal) => {
                     // Nothing was called: the request consumes none of the key's limits.
-                    access::refund(ctx, &tables);
+                    access::refund(ctx, &snapshot);
                     refusal
                 }
             }
@@ -97,7 +97,7 @@ pub async fn admit(
 fn check_request_line(
     session: &Session,
     ctx: &mut RequestCtx,
-    tables: &Tables,
+    snapshot: &Snapshot,
 ) -> Result<(), GatewayError> {
     let req = session.req_header();
     let path = req.uri.path();
@@ -124,7 +124,7 @@ fn check_request_line(
         .iter()
         .map(|(k, v)| k.as_str().len() + v.len() + 4)
         .sum();
-    if header_bytes > tables.limits.max_request_headers {
+    if header_bytes > snapshot.limits.max_request_headers {
         return Err(GatewayError::new(
             ErrorCode::HeadersTooLarge,
             "the request headers exceed the gateway's limit",
@@ -139,9 +139,9 @@ fn check_request_line(
 async fn read_request(
     session: &mut Session,
     surface: Surface,
-    tables: &Tables,
+    snapshot: &Snapshot,
 ) -> pingora_error::Result<Result<(CallerRequest, bool), GatewayError>> {
-    let limit = tables.limits.max_request_body;
+    let limit = snapshot.limits.max_request_body;
     let too_large = |session: &mut Session| {
         session.set_keepalive(None);
         GatewayError::new(

@@ -58,11 +58,11 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use self::ctx::RequestCtx;
 use crate::ledger::Ledger;
 use crate::metrics::Metrics;
-use crate::routing::Router;
+use crate::snapshot::Runtime;
 
 /// The signalbox proxy.
 pub struct Gateway {
-    router: Arc<Router>,
+    runtime: Arc<Runtime>,
     metrics: Arc<Metrics>,
     /// The hold path's upstream connections (the fast path uses Pingora's own).
     connector: Arc<Connector>,
@@ -72,13 +72,13 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn new(
-        router: Arc<Router>,
+        runtime: Arc<Runtime>,
         metrics: Arc<Metrics>,
         connector: Arc<Connector>,
         ledger: Option<Arc<Ledger>>,
     ) -> Self {
         Self {
-            router,
+            runtime,
             metrics,
             connector,
             ledger,
@@ -95,7 +95,7 @@ impl ProxyHttp for Gateway {
 
     fn new_ctx(&self) -> Self::CTX {
         // The one snapshot load of the request: kept for its whole life.
-        Box::new(RequestCtx::new(self.router.tables.load_full()))
+        Box::new(RequestCtx::new(self.runtime.snapshot.load_full()))
     }
 
     async fn request_filter(
@@ -103,7 +103,7 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut Self::CTX,
     ) -> pingora_error::Result<bool> {
-        intake::admit(session, ctx, &self.router, &self.metrics, &self.connector).await
+        intake::admit(session, ctx, &self.runtime, &self.metrics, &self.connector).await
     }
 
     async fn upstream_peer(
@@ -152,7 +152,7 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         ctx: &mut Self::CTX,
     ) -> pingora_error::Result<()> {
-        fast::on_header(&self.router, ctx, upstream_response);
+        fast::on_header(&self.runtime, ctx, upstream_response);
         Ok(())
     }
 

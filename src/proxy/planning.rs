@@ -26,14 +26,15 @@ use crate::error::{ErrorCode, GatewayError};
 use crate::health::HealthRegistry;
 use crate::routing::decide::{self, SteeringHeaders, Via};
 use crate::routing::plan::{prefix_hash, session_tag, Plan, PlanEnv, RequestFacts, SkipReason};
-use crate::routing::{Router, Strategy, Tables};
+use crate::routing::Strategy;
+use crate::snapshot::{Runtime, Snapshot};
 
 /// The plan's view of the world for one decision: the snapshot's catalog and health, now.
-pub fn plan_env(tables: &Tables) -> PlanEnv<'_> {
-    let shared = &tables.health.shared;
+pub fn plan_env(snapshot: &Snapshot) -> PlanEnv<'_> {
+    let shared = &snapshot.health.shared;
     PlanEnv {
-        catalog: &tables.catalog,
-        health: &tables.health,
+        catalog: &snapshot.catalog,
+        health: &snapshot.health,
         now_ms: shared.now_ms(),
         wall_s: shared.wall_s(),
         degraded: shared.degraded.is_degraded(),
@@ -80,11 +81,11 @@ pub fn next_target(
 pub fn plan_request(
     session: &Session,
     ctx: &RequestCtx,
-    router: &Router,
+    runtime: &Runtime,
     request: CallerRequest,
     own_replay: bool,
 ) -> Result<Admitted, GatewayError> {
-    let tables = &*ctx.tables;
+    let snapshot = &*ctx.snapshot;
     let headers = &session.req_header().headers;
     let value = |name: &http::HeaderName| headers.get(name).map(http::HeaderValue::as_bytes);
     let steering_headers = SteeringHeaders::read(
@@ -95,10 +96,10 @@ pub fn plan_request(
     .map_err(|why| GatewayError::new(ErrorCode::InvalidRequest, why))?;
     let seed = stable_hash(ctx.request_id.as_bytes());
     let mut steering = steering_headers.steer(ctx.surface, &request, seed);
-    steering.key = access::facts(ctx, tables);
-    let routed = decide::route(tables, &steering).map_err(|e| e.answer(&request))?;
-    let route = tables.route(routed.route);
-    let failover = &tables.failover;
+    steering.key = access::facts(ctx, snapshot);
+    let routed = decide::route(snapshot, &steering).map_err(|e| e.answer(&request))?;
+    let route = snapshot.route(routed.route);
+    let failover = &snapshot.failover;
     let mut rules = RetryRules {
         max_attempts: failover.max_attempts,
         deadline: failover.deadline,
@@ -110,7 +111,7 @@ pub fn plan_request(
     };
     let mut failover_on_client_error = false;
     if let Via::Policy { policy, .. } = routed.via {
-        let p = tables.policy(policy);
+        let p = snapshot.policy(policy);
         rules.max_attempts = p.max_attempts.unwrap_or(rules.max_attempts);
         rules.same_target = p.retry.unwrap_or(rules.same_target);
         failover_on_client_error = p.failover_on_client_error;
@@ -119,31 +120,35 @@ pub fn plan_request(
         .get(respond::names::X_LLM_SESSION)
         .filter(|v| !v.is_empty() && v.len() <= 256)
         .map(|v| stable_hash(v.as_bytes()));
-    let env = plan_env(tables);
+    let env = plan_env(snapshot);
     let facts = RequestFacts {
         input_tokens: request.prompt_tokens(),
         output_tokens: request
             .max_tokens()
             .unwrap_or(decide::DEFAULT_OUTPUT_TOKENS),
         prefix_hash: (routed.strategy == Strategy::PrefixAffinity)
-            .then(|| prefix_hash(request.prompt(), tables.routing.prefix_bytes)),
-        session: session_hash.and_then(|h| router.sessions.get(h, env.now_ms)),
+            .then(|| prefix_hash(request.prompt(), snapshot.routing.prefix_bytes)),
+        session: session_hash.and_then(|h| runtime.sessions.get(h, env.now_ms)),
         round_robin: route.round_robin.fetch_add(1, Ordering::Relaxed),
         // Request ids are unique per request: a fresh seed for this request's draws.
         seed,
         needs: request.needs(),
         surface: ctx.surface,
     };
-    let rankings = router.rankings.load();
-    let mut plan = decide::plan(tables, &rankings, &env, &routed, facts);
-    let first = next_target(&mut plan, &env, &tables.health, Advance::NextDeployment);
+    let rankings = runtime.rankings.load();
+    let mut plan = decide::plan(snapshot, &rankings, &env, &routed, facts);
+    let first = next_target(&mut plan, &env, &snapshot.health, Advance::NextDeployment);
     // Whether a candidate speaks the other dialect: only looked for when the catalog has a
     // provider that would (a handful of providers, not every candidate, on the common path).
     let translating = |kind| ctx.surface.served_by(kind) != Some(Conversion::Same);
-    let translates = tables.catalog.providers.iter().any(|p| translating(p.kind))
+    let translates = snapshot
+        .catalog
+        .providers
+        .iter()
+        .any(|p| translating(p.kind))
         && (0..plan.len()).any(|position| {
-            plan.deployment(&tables.catalog, position)
-                .is_some_and(|d| translating(tables.catalog.provider(d.provider).kind))
+            plan.deployment(&snapshot.catalog, position)
+                .is_some_and(|d| translating(snapshot.catalog.provider(d.provider).kind))
         });
     let stream = request.stream();
     // Pingora's proxy loop writes an answer's header as soon as it arrives: it serves only
@@ -185,7 +190,7 @@ pub fn first_target_missing(ctx: &RequestCtx) -> Option<GatewayError> {
             &a.plan,
             &a.attempts.failures,
             ctx.surface,
-            &plan_env(&ctx.tables),
+            &plan_env(&ctx.snapshot),
         )
     })
 }
@@ -241,7 +246,7 @@ pub fn no_target_error(
 
 /// A successful answer binds the caller's session (`x-llm-session`) to the deployment that
 /// served it. Done when the header goes out, so the caller's next request already sees it.
-pub fn bind_session(router: &Router, ctx: &RequestCtx) {
+pub fn bind_session(runtime: &Runtime, ctx: &RequestCtx) {
     let Some(a) = &ctx.admitted else {
         return;
     };
@@ -250,13 +255,13 @@ pub fn bind_session(router: &Router, ctx: &RequestCtx) {
     };
     if let Some(d) = a
         .plan
-        .deployment(&ctx.tables.catalog, served.target.position)
+        .deployment(&ctx.snapshot.catalog, served.target.position)
     {
         if d.model.is_some() {
-            router.sessions.put(
+            runtime.sessions.put(
                 hash,
                 session_tag(d.key_hash),
-                ctx.tables.health.shared.now_ms(),
+                ctx.snapshot.health.shared.now_ms(),
             );
         }
     }

@@ -16,7 +16,7 @@ use crate::error::GatewayError;
 use crate::keys::ClientKey;
 use crate::routing::decide::{Routed, Via};
 use crate::routing::plan::Plan;
-use crate::routing::Tables;
+use crate::snapshot::Snapshot;
 
 /// Write a complete JSON response. Errors writing (the client went away) are returned so the
 /// caller can log them; nothing is retried.
@@ -38,7 +38,7 @@ pub async fn write_json(
     if attempts > 0 {
         resp.insert_header("x-llm-attempts", attempts)?;
     }
-    if let Some(route) = route_header(ctx, &ctx.tables) {
+    if let Some(route) = route_header(ctx, &ctx.snapshot) {
         resp.insert_header("x-llm-route", route)?;
     }
     ctx.downstream = Downstream::Committed { status };
@@ -63,8 +63,8 @@ pub async fn write_error(
 
 /// `GET /v1/models`: every caller-facing name, chains as `auto:<name>`, in the caller's
 /// dialect (an Anthropic SDK, which sends `anthropic-version`, gets Anthropic's list shape).
-pub fn models_body(tables: &Tables, dialect: Dialect, key: Option<&ClientKey>) -> Bytes {
-    let mut ids = tables.public_model_ids();
+pub fn models_body(snapshot: &Snapshot, dialect: Dialect, key: Option<&ClientKey>) -> Bytes {
+    let mut ids = snapshot.public_model_ids();
     // A key sees only the names it may use.
     if let Some(key) = key {
         ids.retain(|id| key.allows(id));
@@ -144,7 +144,7 @@ pub fn add_routing_headers(
             headers.remove(name);
         }
         headers.insert(names::X_REQUEST_ID, ctx.request_id.clone());
-        let tables = &*ctx.tables;
+        let snapshot = &*ctx.snapshot;
         let Some(a) = &ctx.admitted else {
             return;
         };
@@ -152,7 +152,7 @@ pub fn add_routing_headers(
             return;
         };
         let plan = &a.plan;
-        let catalog = &tables.catalog;
+        let catalog = &snapshot.catalog;
         let Some(deployment) = plan.deployment(catalog, served.target.position) else {
             return;
         };
@@ -160,9 +160,9 @@ pub fn add_routing_headers(
         headers.insert(names::X_ROUTED_VIA, deployment.routed_via.clone());
         headers.insert(names::X_LLM_PROVIDER, provider.id_header.clone());
         headers.insert(names::X_LLM_MODEL, deployment.model_header.clone());
-        if let Some(route) = route_header(ctx, tables) {
+        if let Some(route) = route_header(ctx, snapshot) {
             headers.insert(names::X_LLM_ROUTE, route);
-            if let Some(reason) = routing_reason(tables, plan, Some(&a.routed)) {
+            if let Some(reason) = routing_reason(snapshot, plan, Some(&a.routed)) {
                 headers.insert(names::X_LLM_ROUTING_REASON, reason);
             }
         }
@@ -220,15 +220,15 @@ impl ValueBuf {
 
 /// `x-llm-route`: the rule that sent the request (`rule:<n>`), else its route's label
 /// (`policy:<name>`, `model:<name>`, ...).
-fn route_header(ctx: &RequestCtx, tables: &Tables) -> Option<HeaderValue> {
+fn route_header(ctx: &RequestCtx, snapshot: &Snapshot) -> Option<HeaderValue> {
     let routed = &ctx.admitted.as_ref()?.routed;
     let rule = match routed.via {
-        Via::Rule(n) | Via::Policy { rule: Some(n), .. } => tables.rules.get(n),
+        Via::Rule(n) | Via::Policy { rule: Some(n), .. } => snapshot.rules.get(n),
         _ => None,
     };
     match rule {
         Some(r) => Some(r.header.clone()),
-        None => Some(tables.route(routed.route).header.clone()),
+        None => Some(snapshot.route(routed.route).header.clone()),
     }
 }
 
@@ -237,8 +237,12 @@ fn route_header(ctx: &RequestCtx, tables: &Tables) -> Option<HeaderValue> {
 /// its breaker was closed, and the providers behind it; then how the route was reached:
 /// `policy=… entry=…` (the `select` entry that held, `none` for `on_failure` only),
 /// `rule=…`, and `reason=smart_fallback` when `smart` was asked for.
-fn routing_reason(tables: &Tables, plan: &Plan, routed: Option<&Routed>) -> Option<HeaderValue> {
-    let catalog = &tables.catalog;
+fn routing_reason(
+    snapshot: &Snapshot,
+    plan: &Plan,
+    routed: Option<&Routed>,
+) -> Option<HeaderValue> {
+    let catalog = &snapshot.catalog;
     let mut out = ValueBuf::new();
     out.push(b"strategy=");
     out.push(plan.strategy().as_str().as_bytes());
@@ -285,7 +289,7 @@ fn routing_reason(tables: &Tables, plan: &Plan, routed: Option<&Routed>) -> Opti
                 rule,
             } => {
                 out.push(b" policy=");
-                out.push(tables.policy(policy).name.as_bytes());
+                out.push(snapshot.policy(policy).name.as_bytes());
                 out.push(b" entry=");
                 match selection.entry {
                     Some(e) => out.push_int(e),
@@ -393,11 +397,11 @@ mod tests {
         resp.insert_header("Content-Type", "application/json")
             .unwrap();
         resp.insert_header("Set-Cookie", "a=b").unwrap();
-        let tables = crate::testing::Fixture::new(
+        let snapshot = crate::testing::Fixture::new(
             "providers:\n  a: { kind: openai, base_url: \"http://127.0.0.1:1/v1\" }\nmodels:\n  m: { deployments: [{ provider: a, model: x }] }\n",
         )
-        .tables();
-        let mut ctx = RequestCtx::new(std::sync::Arc::new(tables));
+        .snapshot();
+        let mut ctx = RequestCtx::new(std::sync::Arc::new(snapshot));
         ctx.request_id = HeaderValue::from_static("abc");
         add_routing_headers(&mut resp, &ctx, Instant::now(), &[http::header::SET_COOKIE]);
         assert_eq!(resp.status.as_u16(), 201);

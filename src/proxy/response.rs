@@ -39,8 +39,8 @@ pub fn read_header(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader)
             scope: attempt::Scope::Deployment,
         };
     };
-    let tables = &ctx.tables;
-    let health = &tables.health;
+    let snapshot = &ctx.snapshot;
+    let health = &snapshot.health;
     let Some(live) = a.attempts.live.as_mut() else {
         return Verdict::Retry {
             outcome: Outcome::LocalError,
@@ -97,7 +97,7 @@ pub fn read_header(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader)
 /// (signalbox never asks for compression, so only a provider that ignores `Accept-Encoding`
 /// sends one).
 fn choose_relay(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader) {
-    let tables = &ctx.tables;
+    let snapshot = &ctx.snapshot;
     let Some(a) = ctx.admitted.as_mut() else {
         return;
     };
@@ -114,10 +114,10 @@ fn choose_relay(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader) {
         .unwrap_or_default();
     let request = &a.request;
     let provider_id = a.attempts.live.as_ref().and_then(|l| {
-        tables
+        snapshot
             .response
             .provider_field
-            .then(|| tables.catalog.provider(l.provider).id.clone())
+            .then(|| snapshot.catalog.provider(l.provider).id.clone())
     });
     let conversion = a.attempts.conversion;
     let reply = Reply {

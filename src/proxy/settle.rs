@@ -18,7 +18,7 @@ use crate::error::{ErrorCode, GatewayError};
 use crate::health::{Admission, Observation};
 use crate::routing::lead::splitmix64;
 use crate::routing::plan::Target;
-use crate::routing::Tables;
+use crate::snapshot::Snapshot;
 
 /// What the driver does next.
 #[derive(Debug)]
@@ -40,7 +40,7 @@ pub enum Step {
 /// Apply a verdict on the live attempt.
 pub fn apply(ctx: &mut RequestCtx, verdict: Verdict) -> Step {
     let RequestCtx {
-        tables,
+        snapshot,
         admitted,
         started,
         surface,
@@ -93,7 +93,7 @@ pub fn apply(ctx: &mut RequestCtx, verdict: Verdict) -> Step {
                 )
             });
             if scope == Scope::LargerContext {
-                let floor = context_floor(tables, a);
+                let floor = context_floor(snapshot, a);
                 a.plan.require_context_above(floor);
                 a.attempts.failures.note_context_exceeded();
             }
@@ -101,7 +101,7 @@ pub fn apply(ctx: &mut RequestCtx, verdict: Verdict) -> Step {
             if outcome != Outcome::StaleConnection {
                 a.attempts.failures.record(outcome);
             }
-            let env = plan_env(tables);
+            let env = plan_env(snapshot);
             let Some((target, target_ref, failed)) = failed else {
                 return Step::Answer(no_target_error(
                     &a.plan,
@@ -110,7 +110,7 @@ pub fn apply(ctx: &mut RequestCtx, verdict: Verdict) -> Step {
                     &env,
                 ));
             };
-            let health = &tables.health;
+            let health = &snapshot.health;
             let draw = splitmix64(a.seed ^ u64::from(a.attempts.made));
             let next = schedule::next(
                 failed,
@@ -211,10 +211,10 @@ pub fn settle_open(ctx: &mut RequestCtx, outcome: Outcome) {
 
 /// The context window the next candidate must exceed after a context-length refusal: the
 /// refusing model's, or (when it declares none) the request's own estimate.
-fn context_floor(tables: &Tables, a: &Admitted) -> u64 {
+fn context_floor(snapshot: &Snapshot, a: &Admitted) -> u64 {
     let window = a.attempts.live.as_ref().and_then(|l| {
-        let d = a.plan.deployment(&tables.catalog, l.target.position)?;
-        tables.catalog.model(d.model?).context_window
+        let d = a.plan.deployment(&snapshot.catalog, l.target.position)?;
+        snapshot.catalog.model(d.model?).context_window
     });
     window.map_or_else(|| a.request.prompt_tokens(), u64::from)
 }

@@ -20,7 +20,7 @@ use super::plan::{Plan, PlanEnv, RequestFacts};
 use super::policy::{PolicyIdx, RuleDest, Selection};
 use super::rank::Rankings;
 use super::scoring::{rank, RankBy};
-use super::{resolve, Resolution, ResolveError, RouteIdx, Tables};
+use super::{resolve, Resolution, ResolveError, RouteIdx, RouteTable};
 use crate::adapters::caller::CallerRequest;
 use crate::adapters::openai::Complexity;
 use crate::adapters::surface::Surface;
@@ -245,7 +245,7 @@ pub enum DecideError {
 }
 
 /// Decide the route of a request: precedence, rules, the policy entry and route.
-pub fn route(tables: &Tables, steering: &Steering<'_>) -> Result<Routed, DecideError> {
+pub fn route(tables: &RouteTable, steering: &Steering<'_>) -> Result<Routed, DecideError> {
     let request = steering.request;
     let model = request.model_name();
     let facts = RequestFactsView {
@@ -310,7 +310,7 @@ pub fn route(tables: &Tables, steering: &Steering<'_>) -> Result<Routed, DecideE
 
 /// Whether each rule holds for this request (explain shows the rules a request for `auto` was
 /// checked against; the request path stops at the first that holds).
-pub fn rules_holding(tables: &Tables, steering: &Steering<'_>) -> Vec<bool> {
+pub fn rules_holding(tables: &RouteTable, steering: &Steering<'_>) -> Vec<bool> {
     let model = steering.request.model_name();
     let facts = RequestFactsView {
         steering,
@@ -331,7 +331,7 @@ enum Target {
 
 /// The `model` string, with the rules for `auto`.
 fn resolve_with_rules(
-    tables: &Tables,
+    tables: &RouteTable,
     model: &str,
     facts: &dyn Facts,
 ) -> Result<Target, DecideError> {
@@ -356,7 +356,7 @@ fn resolve_with_rules(
 }
 
 fn policy_route(
-    tables: &Tables,
+    tables: &RouteTable,
     p: PolicyIdx,
     facts: &dyn Facts,
     steering: &Steering<'_>,
@@ -395,7 +395,7 @@ fn unit_draw(seed: u64) -> f64 {
 /// The plan of a routed request: the route's ranked order (from the shared tables, or ranked
 /// now for a strategy of the request's own), narrowed and tie-broken by `routing.providers`.
 pub fn plan(
-    tables: &Tables,
+    tables: &RouteTable,
     rankings: &Rankings,
     env: &PlanEnv<'_>,
     routed: &Routed,
@@ -543,7 +543,7 @@ rules:
 
     #[test]
     fn what_a_request_names_decides_in_order() {
-        let t = Fixture::new(CONFIG).tables();
+        let t = Fixture::new(CONFIG).route_table();
         let cases: &[Case] = &[
             // model names only
             ("ma", "", None, "", "model:ma", "model"),
@@ -646,7 +646,7 @@ rules:
 
     #[test]
     fn names_that_do_not_exist_are_refused() {
-        let t = Fixture::new(CONFIG).tables();
+        let t = Fixture::new(CONFIG).route_table();
         let request = CallerRequest::OpenAi(
             ChatRequest::parse(Bytes::from_static(
                 br#"{"model":"ma","routing":{"policy":"nope"}}"#,

@@ -1,7 +1,7 @@
 //! Deciding where a request goes: resolve the `model` string to a route, then walk the
 //! route's candidates one target (deployment × credential) at a time.
 //!
-//! Everything here is a pure function of the routing snapshot ([`table::Tables`]), live
+//! Everything here is a pure function of the routing snapshot ([`table::RouteTable`]), live
 //! health and the request's facts: [`scoring`] orders candidates by a strategy, [`lead`]
 //! makes the per-request first pick, [`plan`] walks them; [`route`] is what a name resolves to; [`rank`] keeps the shared orders
 //! current in the background. `proxy` only connects it to Pingora's hooks and applies what the
@@ -9,7 +9,6 @@
 //! lets `explain` run the very same walk.
 
 pub mod decide;
-pub mod explain;
 pub mod lead;
 pub mod plan;
 pub mod policy;
@@ -24,8 +23,8 @@ use std::sync::Arc;
 use crate::catalog::{Deployment, ProviderIdx};
 pub use crate::config::Strategy;
 pub use plan::{Choice, Plan, PlanEnv, RequestFacts, SkipReason, Target};
-pub use rank::{Rankings, Router};
-pub use table::{Route, RouteIdx, RouteKind, Tables};
+pub use rank::Rankings;
+pub use table::{Route, RouteIdx, RouteKind, RouteTable};
 
 /// What a `model` string resolved to.
 #[derive(Debug, Clone)]
@@ -67,7 +66,7 @@ const MAX_NAME: usize = 384;
 
 /// Resolve a caller's `model` string (case-insensitive). Exact model and alias names win over
 /// the `<provider>/<upstream-model>` form, since catalog names may contain `/`.
-pub fn resolve(t: &Tables, model: &str) -> Result<Resolution, ResolveError> {
+pub fn resolve(t: &RouteTable, model: &str) -> Result<Resolution, ResolveError> {
     if model.is_empty() || model.len() > MAX_NAME {
         return Err(ResolveError::ModelNotFound);
     }
@@ -115,7 +114,7 @@ pub fn resolve(t: &Tables, model: &str) -> Result<Resolution, ResolveError> {
     Err(ResolveError::ModelNotFound)
 }
 
-fn non_empty(t: &Tables, r: RouteIdx, empty: ResolveError) -> Result<Resolution, ResolveError> {
+fn non_empty(t: &RouteTable, r: RouteIdx, empty: ResolveError) -> Result<Resolution, ResolveError> {
     if t.route(r).candidates.is_empty() {
         Err(empty)
     } else {
@@ -154,11 +153,11 @@ chains:
 active_chain: default
 "#;
 
-    pub fn tables_from(text: &str) -> Tables {
-        Fixture::new(text).tables()
+    pub fn tables_from(text: &str) -> RouteTable {
+        Fixture::new(text).route_table()
     }
 
-    fn routed_via(t: &Tables, res: &Resolution) -> Vec<String> {
+    fn routed_via(t: &RouteTable, res: &Resolution) -> Vec<String> {
         t.route(res.route().unwrap())
             .candidates
             .iter()

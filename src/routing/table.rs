@@ -1,15 +1,16 @@
-//! The routing snapshot: every route a caller can name, with its candidate order, the
-//! compiled policies and rules, and the catalog and health records it was built with,
-//! swapped whole behind an `ArcSwap`.
+//! The route table: every route a caller can name, with its candidate order, the compiled
+//! policies and rules, and the catalog and health records it was built with. It is the
+//! routing part of the snapshot (`crate::snapshot`) that requests load whole.
 //!
 //! A route is what a `model` string resolves to: a model, an alias, a chain (`auto`,
 //! `auto:<chain>`), an axis (`auto:<axis>`), a direct `<provider>/<upstream-model>` that
 //! names a configured deployment, or one way a policy can order its targets (see
 //! [`super::policy`]). Its candidate list is the deployments to try, in order, deduplicated,
 //! cut into *segments*: each is ranked on its own by its strategy (a policy keeps its targets'
-//! order and ranks each model's deployments; a plain route is one segment). The request path looks a name up (one hash lookup on a lower-cased copy in a
-//! stack buffer) and keeps an `Arc` of the snapshot for the request's lifetime, so a swap in
-//! the middle of a request never changes the plan under it.
+//! order and ranks each model's deployments; a plain route is one segment). The request path
+//! looks a name up (one hash lookup on a lower-cased copy in a stack buffer) on the snapshot it
+//! loaded when it arrived, so a swap in the middle of a request never changes the plan under
+//! it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,21 +19,18 @@ use super::policy::{PolicyIdx, PolicyTable, RuleTable};
 use super::route::Builder;
 pub use super::route::{Route, RouteIdx, RouteKind, Segment};
 use crate::catalog::{Catalog, DeploymentIdx, ProviderIdx};
-use crate::config::{
-    BudgetConfig, Config, Failover, Limits, ResponseConfig, RoutingKnobs, Strategy,
-};
+use crate::config::{Config, RoutingKnobs, Strategy};
 use crate::health::HealthRegistry;
-use crate::keys::KeyTable;
-use crate::limits::budget::Spend;
-use crate::metrics::{BoundMetrics, Metrics, RoutingLabels};
 
-/// The immutable routing snapshot.
-pub struct Tables {
+/// The immutable route table of one config generation.
+pub struct RouteTable {
     pub generation: u64,
     pub catalog: Arc<Catalog>,
     /// The health records of this catalog's targets (carried across rebuilds by identity).
     pub health: Arc<HealthRegistry>,
     pub routes: Vec<Route>,
+    /// Each route's label, by its `metric` index (the label values metrics bind).
+    pub route_labels: Vec<Arc<str>>,
     /// Lower-cased model and alias names.
     names: HashMap<Box<str>, RouteIdx>,
     /// Lower-cased chain names.
@@ -51,25 +49,12 @@ pub struct Tables {
     pub rules: Vec<RuleTable>,
     pub active_chain: Option<RouteIdx>,
     pub unresolved: RouteIdx,
-    pub failover: Failover,
-    pub limits: Limits,
     pub routing: RoutingKnobs,
-    /// What signalbox adds to response bodies.
-    pub response: ResponseConfig,
-    /// Client keys (`keys`); `None`: no caller auth. Set by whoever builds the snapshot, which
-    /// knows the previous one to carry the keys' counters from ([`Tables::with_accounts`]).
-    pub keys: Option<Arc<KeyTable>>,
-    /// `budgets.global`, and what the whole gateway spent (carried like the keys' counters).
-    pub global_budget: Option<BudgetConfig>,
-    pub global_spend: Arc<Spend>,
-    /// Some deployment, provider or the gateway has a budget (spend is counted only then).
-    pub has_budgets: bool,
-    pub metrics: BoundMetrics,
 }
 
-impl std::fmt::Debug for Tables {
+impl std::fmt::Debug for RouteTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tables")
+        f.debug_struct("RouteTable")
             .field("generation", &self.generation)
             .field("routes", &self.routes.len())
             .finish_non_exhaustive()
@@ -90,37 +75,11 @@ const AXES: &[(&str, Strategy)] = &[
     ("budget", Strategy::Cheapest),
 ];
 
-impl Tables {
-    /// The accounts that outlive a snapshot: the global spend and the client keys of `config`,
-    /// the counters `previous` already had carried over; with the warnings about keys that
-    /// cannot be used.
-    pub fn with_accounts(
-        mut self,
-        config: &Config,
-        previous: Option<&Tables>,
-    ) -> (Self, Vec<String>) {
-        if let Some(p) = previous {
-            self.global_spend = p.global_spend.clone();
-        }
-        let Some(keys) = &config.keys else {
-            return (self, Vec::new());
-        };
-        let env = |name: &str| std::env::var(name).ok();
-        let (table, warnings) = KeyTable::build(
-            keys,
-            &config.user_budgets,
-            previous.and_then(|p| p.keys.as_deref()),
-            &env,
-        );
-        self.keys = Some(Arc::new(table));
-        (self, warnings)
-    }
-
+impl RouteTable {
     pub fn build(
         config: &Config,
         catalog: Arc<Catalog>,
         health: Arc<HealthRegistry>,
-        metrics: &Metrics,
         generation: u64,
     ) -> Self {
         let mut b = Builder::new(&catalog);
@@ -216,25 +175,7 @@ impl Tables {
             .collect();
         let rules = super::policy::compile_rules(config, &chain_routes, &axes, &policies);
 
-        let provider_labels: Vec<Arc<str>> =
-            catalog.providers.iter().map(|p| p.id.clone()).collect();
-        let labels = RoutingLabels {
-            routes: b.labels.clone(),
-            providers: provider_labels,
-            rules: rules.iter().map(|r| r.label.clone()).collect(),
-            policies: policies.iter().map(|p| p.name.clone()).collect(),
-            entries: policies.iter().map(|p| p.entries.len()).max().unwrap_or(0),
-            skip_reasons: super::plan::SkipReason::ALL
-                .iter()
-                .map(|r| Arc::from(r.as_str()))
-                .collect(),
-            models: catalog.models.iter().map(|m| m.name.clone()).collect(),
-            keys: match (&config.keys, config.metrics_per_key) {
-                (Some(keys), true) => keys.iter().map(|k| Arc::from(k.id.as_str())).collect(),
-                _ => Vec::new(),
-            },
-        };
-        let bound = metrics.bind(&labels);
+        let route_labels = b.labels.clone();
         let routes = b.routes;
 
         Self {
@@ -242,6 +183,7 @@ impl Tables {
             catalog,
             health,
             routes,
+            route_labels,
             names,
             chains,
             axes,
@@ -252,20 +194,7 @@ impl Tables {
             rules,
             active_chain,
             unresolved,
-            failover: config.failover,
-            limits: config.limits,
             routing: config.routing,
-            response: config.response,
-            keys: None,
-            global_budget: config.global_budget,
-            global_spend: Arc::default(),
-            has_budgets: config.global_budget.is_some()
-                || config.providers.iter().any(|p| p.budget.is_some())
-                || config
-                    .models
-                    .iter()
-                    .any(|m| m.deployments.iter().any(|d| d.budget.is_some())),
-            metrics: bound,
         }
     }
 

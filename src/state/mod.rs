@@ -44,7 +44,7 @@ use crate::keys::KeyState;
 use crate::limits::budget::Spend;
 use crate::limits::window::Window;
 use crate::metrics::Metrics;
-use crate::routing::{Router, Tables};
+use crate::snapshot::{Runtime, Snapshot};
 
 /// Why a round failed.
 #[derive(Debug, thiserror::Error)]
@@ -184,7 +184,7 @@ impl Counter {
 }
 
 /// Every counter of `tables` that has a limit, by its name in the store.
-fn counters(tables: &Tables) -> Vec<Counter> {
+fn counters(tables: &Snapshot) -> Vec<Counter> {
     let mut out = Vec::new();
     if let Some(keys) = &tables.keys {
         for k in keys.iter() {
@@ -250,7 +250,7 @@ fn counters(tables: &Tables) -> Vec<Counter> {
 
 /// Mark every spend with a budget in `tables` as already in the shared store (what the
 /// ledger rebuilt at start: see [`StateSync::sync_once`]'s first contact).
-pub fn assume_stored(tables: &Tables) {
+pub fn assume_stored(tables: &Snapshot) {
     for c in counters(tables) {
         if let Some((_, _, s)) = c.spend() {
             s.assume_pushed();
@@ -296,7 +296,7 @@ impl Cooling<'_> {
 }
 
 /// Every health record that can cool down, by an identity every replica shares.
-fn coolings(tables: &Tables) -> Vec<(String, Cooling<'_>)> {
+fn coolings(tables: &Snapshot) -> Vec<(String, Cooling<'_>)> {
     let catalog = &tables.catalog;
     let health = &tables.health;
     let mut out = Vec::new();
@@ -366,7 +366,7 @@ const ADOPT_MARGIN_MS: u64 = 50;
 
 /// The sync: one round every interval against one backend.
 pub struct StateSync {
-    router: Arc<Router>,
+    router: Arc<Runtime>,
     backend: Arc<dyn StateBackend>,
     interval: Duration,
     timeout: Duration,
@@ -387,7 +387,7 @@ struct Round {
 
 impl StateSync {
     pub fn new(
-        router: Arc<Router>,
+        router: Arc<Runtime>,
         backend: Arc<dyn StateBackend>,
         interval: Duration,
         timeout: Duration,
@@ -407,7 +407,7 @@ impl StateSync {
     /// One round: push, pull, apply. `Ok` when the backend answered.
     pub async fn sync_once(&self) -> Result<(), StateError> {
         let mut round = self.round.lock().await;
-        let tables = self.router.tables.load_full();
+        let tables = self.router.snapshot.load_full();
         let shared = &self.router.health;
         let now_s = shared.wall_s();
         let wall_ms = shared.wall_ms();
@@ -600,7 +600,7 @@ models:
 
     struct Replica {
         fixture: Fixture,
-        router: Arc<Router>,
+        router: Arc<Runtime>,
         sync: StateSync,
         metrics: StateMetrics,
     }
@@ -626,12 +626,12 @@ models:
 
     impl Replica {
         fn requests(&self) -> Arc<Window> {
-            self.router.tables.load().catalog.deployments[0]
+            self.router.snapshot.load().catalog.deployments[0]
                 .requests
                 .clone()
         }
         fn spend(&self) -> Arc<Spend> {
-            self.router.tables.load().catalog.deployments[0]
+            self.router.snapshot.load().catalog.deployments[0]
                 .spend
                 .clone()
         }
@@ -676,7 +676,7 @@ models:
         // One ejects the target; two adopts it, on its own clock.
         let t = one.fixture.target("up-a", 0);
         one.fixture.observe(t, Outcome::ServerError);
-        let tables_two = two.router.tables.load();
+        let tables_two = two.router.snapshot.load();
         let now_two = two.fixture.shared.now_ms();
         assert!(!matches!(
             tables_two.health.admission(t, now_two),
@@ -732,7 +732,7 @@ models:
             .sync_once()
             .await
             .expect("a round: the ejection is published");
-        let tables = one.router.tables.load();
+        let tables = one.router.snapshot.load();
         let health = tables.health.target(t).expect("a target record");
         let until = health.ejected_until_ms();
         assert!(until > one.fixture.shared.now_ms());

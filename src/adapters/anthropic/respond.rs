@@ -130,7 +130,7 @@ struct ModelList<'a> {
 }
 
 /// `GET /v1/models` in Anthropic's shape: every caller-facing name (the list the OpenAI shape
-/// is built from, e.g. `Tables::public_model_ids`), in order, on one page.
+/// is built from, e.g. `Snapshot::public_model_ids`), in order, on one page.
 pub fn models_list<S: AsRef<str>>(names: &[S]) -> Bytes {
     let list = ModelList {
         data: names

@@ -14,27 +14,27 @@ use crate::adapters::surface::Surface;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::decide::{self, SteeringHeaders, Via};
-use super::plan::{Plan, PlanEnv, RequestFacts};
-use super::policy::{EntryRouter, Pick};
-use super::scoring::cost_micro;
-use super::{Router, Tables};
+use super::{Runtime, Snapshot};
 use crate::adapters::caller::CallerRequest;
 use crate::attempt::Advance;
 use crate::catalog::stable_hash;
 use crate::error::{ErrorCode, GatewayError};
+use crate::routing::decide::{self, SteeringHeaders, Via};
+use crate::routing::plan::{Plan, PlanEnv, RequestFacts};
+use crate::routing::policy::{EntryRouter, Pick};
+use crate::routing::scoring::cost_micro;
 
 /// Explain a request given as a body and its headers (by lower-case name), as the client key
 /// `key_id` would send it when one is named (its `allowed_models`, and its facts for
 /// conditions; its rate limits and budget are not consumed).
 pub fn explain<'a>(
-    router: &Router,
+    router: &Runtime,
     surface: Surface,
     body: Bytes,
     header: impl Fn(&str) -> Option<&'a [u8]>,
     key_id: Option<&str>,
 ) -> Value {
-    let tables = router.tables.load_full();
+    let tables = router.snapshot.load_full();
     let request = match CallerRequest::parse(surface, body) {
         Ok(r) => r,
         Err(message) => return error(&GatewayError::new(ErrorCode::InvalidRequest, message)),
@@ -158,7 +158,7 @@ fn error(e: &GatewayError) -> Value {
 }
 
 /// The `x-llm-route` the request would carry.
-fn route_header(tables: &Tables, routed: &decide::Routed) -> String {
+fn route_header(tables: &Snapshot, routed: &decide::Routed) -> String {
     let rule = match routed.via {
         Via::Rule(n) | Via::Policy { rule: Some(n), .. } => tables.rules.get(n),
         _ => None,
@@ -170,7 +170,7 @@ fn route_header(tables: &Tables, routed: &decide::Routed) -> String {
 }
 
 /// How the request reached its route: rules tried, the policy entry that held and its pick.
-fn via(tables: &Tables, routed: &decide::Routed, request: &CallerRequest) -> Value {
+fn via(tables: &Snapshot, routed: &decide::Routed, request: &CallerRequest) -> Value {
     let rule = |n: Option<usize>| n.map(|n| json!({ "rule": n, "matched": true }));
     match routed.via {
         Via::Model => json!({ "kind": "model" }),
@@ -227,7 +227,12 @@ fn via(tables: &Tables, routed: &decide::Routed, request: &CallerRequest) -> Val
 }
 
 /// One candidate: kept (and where in the order) or skipped (and why).
-fn candidate(tables: &Tables, plan: &Plan, pos: usize, order: &[super::plan::Target]) -> Value {
+fn candidate(
+    tables: &Snapshot,
+    plan: &Plan,
+    pos: usize,
+    order: &[crate::routing::plan::Target],
+) -> Value {
     let Some(d) = plan.deployment(&tables.catalog, pos) else {
         return Value::Null;
     };

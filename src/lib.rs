@@ -37,7 +37,7 @@
 //! - [`metrics`], [`admin`]: Prometheus metrics (request, health and ledger families) and the
 //!   admin listener.
 //! - [`dns`]: background re-resolution of provider hosts; [`periodic`]: the loop background
-//!   passes share.
+//!   passes share; [`rfc3339`]: instants as RFC 3339 text, the one reader and the one writer.
 //! - [`reload`]: a new config validated, built into a snapshot (health carried over) and
 //!   swapped in, or refused with nothing changed; admin writes are written back to the file.
 //! - [`server`]: the shared gateway state and the Pingora server assembled from a config.
@@ -63,6 +63,7 @@ pub mod periodic;
 pub mod proxy;
 pub mod reload;
 pub mod retry;
+pub mod rfc3339;
 pub mod routing;
 pub mod secret;
 pub mod server;

@@ -8,7 +8,8 @@ use http::Response;
 use serde_json::json;
 
 use super::{error, json};
-use crate::ledger::{rfc3339_ms, Ledger, UsageBy, UsageQuery};
+use crate::ledger::{Ledger, UsageBy, UsageQuery};
+use crate::rfc3339;
 
 pub async fn handle(ledger: Option<&Ledger>, query: Option<&str>) -> Response<Vec<u8>> {
     let Some(ledger) = ledger else {
@@ -70,8 +71,8 @@ pub async fn handle(ledger: Option<&Ledger>, query: Option<&str>) -> Response<Ve
                 200,
                 &json!({
                     "by": by.as_str(),
-                    "since": since_ms.map(rfc3339_ms),
-                    "until": until_ms.map(rfc3339_ms),
+                    "since": since_ms.map(rfc3339::format_ms),
+                    "until": until_ms.map(rfc3339::format_ms),
                     "backend": ledger.backend(),
                     "total_cost_usd": cost,
                     "groups": rows,
@@ -92,7 +93,7 @@ fn parse_instant(v: &str) -> Option<i64> {
     if let Ok(secs) = v.parse::<i64>() {
         return secs.checked_mul(1000);
     }
-    parse_rfc3339(&v)
+    rfc3339::parse_ms(&v)
 }
 
 /// A query value with its `%XX` escapes decoded (`None`: a broken escape or not UTF-8).
@@ -111,43 +112,6 @@ fn percent_decoded(v: &str) -> Option<String> {
         }
     }
     String::from_utf8(out).ok()
-}
-
-fn parse_rfc3339(v: &str) -> Option<i64> {
-    let b = v.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| v.get(r)?.parse::<i64>().ok();
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
-        return None;
-    }
-    let mut rest = &v[19..];
-    let mut ms = 0;
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
-        let f = &frac[..digits];
-        ms = format!("{f:0<3}").get(..3)?.parse::<i64>().ok()?;
-        rest = &frac[digits..];
-    }
-    let offset_s = match rest {
-        "Z" | "z" => 0,
-        _ => {
-            let sign = match rest.as_bytes().first()? {
-                b'+' => 1,
-                b'-' => -1,
-                _ => return None,
-            };
-            let oh = rest.get(1..3)?.parse::<i64>().ok()?;
-            let om = rest.get(4..6)?.parse::<i64>().ok()?;
-            sign * (oh * 3600 + om * 60)
-        }
-    };
-    #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
-    let days = crate::limits::budget::days_from_civil(y, mo as u32, d as u32);
-    Some(((days * 86_400 + h * 3600 + mi * 60 + s - offset_s) * 1000) + ms)
 }
 
 #[cfg(test)]

@@ -14,7 +14,8 @@
 //! - [`config`]: the file format (`schema`), its checked types, per-section validation, value
 //!   parsers, the one table of defaults, and the condition language of rules and policies.
 //! - [`catalog`]: providers, credentials, models and deployments, ready for the request path,
-//!   with the stable identities that survive a rebuild.
+//!   with the stable identities that survive a rebuild; the endpoints callers and providers
+//!   share and the dialect each speaks (`surface`).
 //! - [`retry`]: the failure vocabulary — how an attempt ended, where the plan looks next,
 //!   what is retryable, what the caller is told.
 //! - [`health`]: per-target, per-credential and per-deployment records (breakers, cooldowns,

@@ -12,7 +12,7 @@ use super::chat_messages::{
     chat_request_to_messages, messages_request_to_chat, ToChat, ToMessages, Unexpressible,
 };
 use super::openai::{ChatRequest, Complexity, Needs, RoutingOverride};
-use super::surface::{Conversion, Surface};
+use crate::catalog::surface::{Conversion, Surface};
 
 /// The `max_tokens` a chat request translated for Anthropic gets when the caller set none
 /// (Anthropic requires one).

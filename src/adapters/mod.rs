@@ -1,4 +1,5 @@
-//! Provider dialects as pure transforms over bytes: no I/O, no knowledge of Pingora.
+//! Provider dialects as pure transforms over bytes: no I/O, no knowledge of Pingora. The
+//! endpoints and the dialect each speaks are the catalog's (`catalog::surface`).
 //!
 //! - `json`: the strict scanner every dialect reads requests with.
 //! - `openai`: the OpenAI chat-completions dialect (requests, responses, streams).
@@ -9,7 +10,6 @@
 //! - `caller`: the caller's request in its surface's dialect, and the body each attempt sends.
 //! - `relay`: a provider's answer on its way to the caller, same dialect or translated.
 //! - `stream`: what any dialect's response reports in common words (usage, stream signals).
-//! - `surface`: the endpoints callers reach, their dialect, and which providers serve them.
 
 pub mod anthropic;
 pub mod caller;
@@ -18,4 +18,3 @@ pub mod json;
 pub mod openai;
 pub mod relay;
 pub mod stream;
-pub mod surface;

@@ -384,7 +384,7 @@ fn routing_error_text(e: &serde_json::Error) -> String {
 }
 
 pub use super::stream::{InbandError, Usage};
-use super::surface::Surface;
+use crate::catalog::surface::Surface;
 
 /// What a response stream showed, for health and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

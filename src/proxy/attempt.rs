@@ -19,7 +19,7 @@ use super::respond;
 use crate::adapters::anthropic::ANTHROPIC_VERSION;
 use crate::adapters::chat_messages::Unexpressible;
 use crate::adapters::relay::Relay;
-use crate::adapters::surface::{Conversion, Dialect};
+use crate::catalog::surface::{Conversion, Dialect};
 use crate::config::ProviderKind;
 use crate::health::TargetRef;
 

@@ -15,7 +15,7 @@ use http::HeaderValue;
 use crate::adapters::caller::CallerRequest;
 use crate::adapters::chat_messages::Unexpressible;
 use crate::adapters::relay::Relay;
-use crate::adapters::surface::{Conversion, Surface};
+use crate::catalog::surface::{Conversion, Surface};
 use crate::catalog::ProviderIdx;
 use crate::error::GatewayError;
 use crate::health::{InflightGuard, Observation};

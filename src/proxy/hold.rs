@@ -41,7 +41,7 @@ use super::{attempt, failure, respond, response};
 use crate::adapters::caller::CallerRequest;
 use crate::adapters::chat_messages::BadUpstream;
 use crate::adapters::stream::InbandError;
-use crate::adapters::surface::Conversion;
+use crate::catalog::surface::Conversion;
 use crate::error::{ErrorCode, GatewayError};
 use crate::retry::{self, Advance, Outcome};
 use crate::routing::Tables;

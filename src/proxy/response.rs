@@ -149,7 +149,7 @@ fn choose_relay(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader) {
         ctx.relay = Relay::json(&reply, upstream_len);
     }
     let translated_type = match ctx.conversion {
-        crate::adapters::surface::Conversion::Same => None,
+        crate::catalog::surface::Conversion::Same => None,
         _ if sse => Some("text/event-stream"),
         _ => Some("application/json"),
     };

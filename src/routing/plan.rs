@@ -32,7 +32,7 @@
 //! first eligible candidate in ranked order, healthy or not. `x-llm-fallback` is `true` when
 //! another candidate served, whether the first failed or was skipped without a call.
 
-use crate::adapters::surface::Surface;
+use crate::catalog::surface::Surface;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 

@@ -2,6 +2,7 @@
 //! endpoints and the dialect each speaks are the catalog's (`catalog::surface`).
 //!
 //! - `json`: the strict scanner every dialect reads requests with.
+//! - `facts`: what routing reads from any request (needs, complexity, `routing` overrides).
 //! - `openai`: the OpenAI chat-completions dialect (requests, responses, streams).
 //! - `anthropic`: the Anthropic Messages dialect, same-dialect fast path (requests, responses,
 //!   streams, errors in Anthropic's shape).
@@ -14,6 +15,7 @@
 pub mod anthropic;
 pub mod caller;
 pub mod chat_messages;
+pub mod facts;
 pub mod json;
 pub mod openai;
 pub mod relay;

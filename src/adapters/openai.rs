@@ -14,6 +14,7 @@ use std::ops::Range;
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::Deserialize;
 
+use super::facts::{Complexity, Needs, RoutingOverride, MAX_ROUTING_PROVIDERS};
 use super::json::{self, JsonError};
 use crate::error::error_json;
 
@@ -81,21 +82,6 @@ impl RequestBodyError {
     }
 }
 
-/// The per-request `routing` object: overrides for this request only.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct RoutingOverride {
-    #[serde(default)]
-    pub strategy: Option<String>,
-    #[serde(default)]
-    pub providers: Option<Vec<String>>,
-    #[serde(default)]
-    pub policy: Option<String>,
-}
-
-/// The largest `routing.providers` list accepted.
-pub const MAX_ROUTING_PROVIDERS: usize = 10;
-
 /// A chat-completions request body, scanned once.
 #[derive(Debug, Clone)]
 pub struct ChatRequest {
@@ -110,21 +96,12 @@ pub struct ChatRequest {
     messages: Option<Range<usize>>,
     /// `max_completion_tokens` or `max_tokens`, when a plain non-negative integer.
     pub max_tokens: Option<u64>,
-    /// What the request needs from a model.
+    /// What the request needs from a model: a stream (`stream: true`), tools (a non-empty
+    /// `tools` or `functions`), vision (an image part in `messages`), JSON mode
+    /// (`response_format` of type `json_object` or `json_schema`).
     pub needs: Needs,
     /// `stream_options` as the caller sent it: absent, or whether it asks for usage.
     stream_options: Option<bool>,
-}
-
-/// What a request needs from the model that serves it, derived once from its body: a stream
-/// (`stream: true`), tools (a non-empty `tools` or `functions`), vision (an image part in
-/// `messages`), JSON mode (`response_format` of type `json_object` or `json_schema`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Needs {
-    pub stream: bool,
-    pub tools: bool,
-    pub vision: bool,
-    pub json_mode: bool,
 }
 
 impl ChatRequest {
@@ -230,11 +207,7 @@ impl ChatRequest {
         score += u32::from(memchr::memmem::find(prompt, b"```").is_some());
         score += u32::from(self.needs.tools);
         score += u32::from(memchr::memmem::find_iter(prompt, b"\"role\"").count() > 6);
-        match score {
-            0 => Complexity::Simple,
-            1 | 2 => Complexity::Medium,
-            _ => Complexity::Complex,
-        }
+        Complexity::of_points(score)
     }
 
     /// The prompt as raw JSON (the `messages` value), or the whole body without one.
@@ -312,24 +285,6 @@ impl ChatRequest {
         }
         out.put_slice(&self.body[at..]);
         out.freeze()
-    }
-}
-
-/// A request's complexity tier (the `complexity` router's input).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Complexity {
-    Simple,
-    Medium,
-    Complex,
-}
-
-impl Complexity {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Complexity::Simple => "simple",
-            Complexity::Medium => "medium",
-            Complexity::Complex => "complex",
-        }
     }
 }
 

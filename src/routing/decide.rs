@@ -22,7 +22,7 @@ use super::rank::Rankings;
 use super::scoring::{rank, RankBy};
 use super::{resolve, Resolution, ResolveError, RouteIdx, Tables};
 use crate::adapters::caller::CallerRequest;
-use crate::adapters::openai::Complexity;
+use crate::adapters::facts::Complexity;
 use crate::catalog::surface::Surface;
 use crate::catalog::{Deployment, DeploymentIdx, ProviderIdx};
 use crate::config::condition::{FactValue, Facts, Field};

@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use super::lead::{self, splitmix64};
 use super::scoring::cost_micro;
-use crate::adapters::openai::Needs;
+use crate::adapters::facts::Needs;
 use crate::catalog::stable_hash;
 use crate::catalog::{Catalog, Deployment, DeploymentIdx, ProviderIdx};
 use crate::config::Strategy;

@@ -15,10 +15,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
+use crate::adapters::facts::{Complexity, Needs, RoutingOverride, MAX_ROUTING_PROVIDERS};
 use crate::adapters::json::{self, JsonError, Scan};
-use crate::adapters::openai::{
-    Complexity, Needs, RequestBodyError, RoutingOverride, MAX_ROUTING_PROVIDERS,
-};
+use crate::adapters::openai::RequestBodyError;
 
 // The keys both endpoints read come first, so a count-tokens scan is a prefix of these.
 const WANT_MODEL: usize = 0;
@@ -265,11 +264,7 @@ impl MessagesRequest {
         score += u32::from(
             messages.is_some_and(|m| memchr::memmem::find_iter(m, b"\"role\"").count() > 6),
         );
-        match score {
-            0 => Complexity::Simple,
-            1 | 2 => Complexity::Medium,
-            _ => Complexity::Complex,
-        }
+        Complexity::of_points(score)
     }
 
     /// The conversation as raw JSON (the `messages` value), or the whole body without one:

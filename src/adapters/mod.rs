@@ -2,6 +2,8 @@
 //! endpoints and the dialect each speaks are the catalog's (`catalog::surface`).
 //!
 //! - `json`: the strict scanner every dialect reads requests with.
+//! - `envelope`: what every dialect's request body is scanned for first (model, `routing`,
+//!   `messages`), the refusals they share, and the body each attempt sends.
 //! - `facts`: what routing reads from any request (needs, complexity, `routing` overrides).
 //! - `openai`: the OpenAI chat-completions dialect (requests, responses, streams).
 //! - `anthropic`: the Anthropic Messages dialect, same-dialect fast path (requests, responses,
@@ -15,6 +17,7 @@
 pub mod anthropic;
 pub mod caller;
 pub mod chat_messages;
+pub mod envelope;
 pub mod facts;
 pub mod json;
 pub mod openai;

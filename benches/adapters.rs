@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use signalbox::adapters::openai::{ChatRequest, ResponseRewriter, StreamStats};
 use signalbox::adapters::relay::{Relay, Reply};
-use signalbox::adapters::surface::{Conversion, Surface};
+use signalbox::catalog::surface::{Conversion, Surface};
 
 fn body(size: usize) -> Bytes {
     let filler: String = "the quick brown fox jumps over the lazy dog "

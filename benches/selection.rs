@@ -216,7 +216,7 @@ fn bench_lead_picks(c: &mut Criterion) {
 fn bench_decide(c: &mut Criterion) {
     use signalbox::adapters::caller::CallerRequest;
     use signalbox::adapters::openai::ChatRequest;
-    use signalbox::adapters::surface::Surface;
+    use signalbox::catalog::surface::Surface;
     use signalbox::routing::decide::{self, Metadata, SteeringHeaders};
 
     let mut text = String::from("providers:\n");

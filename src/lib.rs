@@ -14,7 +14,8 @@
 //! - [`config`]: the file format (`schema`), its checked types, per-section validation, value
 //!   parsers, the one table of defaults, and the condition language of rules and policies.
 //! - [`catalog`]: providers, credentials, models and deployments, ready for the request path,
-//!   with the stable identities that survive a rebuild.
+//!   with the stable identities that survive a rebuild; the endpoints callers and providers
+//!   share and the dialect each speaks (`surface`).
 //! - [`attempt`]: every attempt ends in one verdict, decided here for both drivers — how an
 //!   attempt ended, what a provider's answer so far means (commit, retry, refuse), whether and
 //!   where another attempt runs (bounds, deadline, same-target retries with backoff), what the
@@ -40,7 +41,7 @@
 //! - [`metrics`], [`admin`]: Prometheus metrics (request, health and ledger families) and the
 //!   admin listener.
 //! - [`dns`]: background re-resolution of provider hosts; [`periodic`]: the loop background
-//!   passes share.
+//!   passes share; [`rfc3339`]: instants as RFC 3339 text, the one reader and the one writer.
 //! - [`reload`]: a new config validated, built into a snapshot (health carried over) and
 //!   swapped in, or refused with nothing changed; admin writes are written back to the file.
 //! - [`server`]: the shared gateway state and the Pingora server assembled from a config.
@@ -66,6 +67,7 @@ pub mod metrics;
 pub mod periodic;
 pub mod proxy;
 pub mod reload;
+pub mod rfc3339;
 pub mod routing;
 pub mod secret;
 pub mod server;

@@ -110,7 +110,7 @@ fn main() -> ExitCode {
         endpoint,
     }) = &cli.command
     {
-        let Some(surface) = signalbox::adapters::surface::Surface::from_path(endpoint) else {
+        let Some(surface) = signalbox::catalog::surface::Surface::from_path(endpoint) else {
             eprintln!("signalbox: --endpoint {endpoint:?} is not an endpoint signalbox serves");
             return ExitCode::from(2);
         };
@@ -159,7 +159,7 @@ fn main() -> ExitCode {
 /// `signalbox explain`: build the request, explain it, print the answer.
 fn explain(
     router: &signalbox::snapshot::Runtime,
-    surface: signalbox::adapters::surface::Surface,
+    surface: signalbox::catalog::surface::Surface,
     model: Option<&str>,
     headers: &[String],
     body: Option<&std::path::Path>,

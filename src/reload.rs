@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 
 use crate::catalog::{read_key_from_env_or_file, resolve_blocking, Catalog};
 use crate::config::{self, Config, ConfigError, ConfigErrors, KeySource};
@@ -122,10 +123,8 @@ impl AdminTokens {
             return Grant::None;
         };
         let digest: [u8; 32] = Sha256::digest(token).into();
-        let matches = |want: &Option<[u8; 32]>| {
-            want.as_ref()
-                .is_some_and(|w| w.iter().zip(&digest).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0)
-        };
+        let matches =
+            |want: &Option<[u8; 32]>| want.as_ref().is_some_and(|w| bool::from(w.ct_eq(&digest)));
         let (write, read) = (matches(&self.write), matches(&self.read));
         if write {
             Grant::Write

@@ -22,8 +22,10 @@ use proptest::sample::Index;
 use proptest::test_runner::Config;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
+use signalbox::adapters::envelope::RequestBodyError;
+use signalbox::adapters::facts::RoutingOverride;
 use signalbox::adapters::json;
-use signalbox::adapters::openai::{ChatRequest, RequestBodyError, RoutingOverride};
+use signalbox::adapters::openai::ChatRequest;
 
 const WANTED: [&str; 6] = [
     "model",

@@ -821,7 +821,7 @@ fn record(
             .map(|(n, v)| (text(n).to_ascii_lowercase(), text(v)))
             .collect(),
         body_len: body.len(),
-        body_sha256: hex(&Sha256::digest(body)),
+        body_sha256: hex::encode(Sha256::digest(body)),
         body: body[..body.len().min(RECORDED_BODY_MAX)].to_vec(),
         model: rec.model,
         stream: rec.stream,
@@ -853,14 +853,4 @@ fn parse_usize(s: &[u8]) -> Option<usize> {
 
 fn find_crlf(s: &[u8]) -> Option<usize> {
     s.windows(2).position(|w| w == b"\r\n")
-}
-
-fn hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(HEX[(b >> 4) as usize] as char);
-        s.push(HEX[(b & 0xf) as usize] as char);
-    }
-    s
 }

@@ -11,8 +11,9 @@ use super::anthropic::{CountTokensRequest, MessagesRequest};
 use super::chat_messages::{
     chat_request_to_messages, messages_request_to_chat, ToChat, ToMessages, Unexpressible,
 };
-use super::openai::{ChatRequest, Complexity, Needs, RoutingOverride};
-use super::surface::{Conversion, Surface};
+use super::facts::{Complexity, Needs, RoutingOverride};
+use super::openai::ChatRequest;
+use crate::catalog::surface::{Conversion, Surface};
 
 /// The `max_tokens` a chat request translated for Anthropic gets when the caller set none
 /// (Anthropic requires one).

@@ -1,6 +1,10 @@
-//! Provider dialects as pure transforms over bytes: no I/O, no knowledge of Pingora.
+//! Provider dialects as pure transforms over bytes: no I/O, no knowledge of Pingora. The
+//! endpoints and the dialect each speaks are the catalog's (`catalog::surface`).
 //!
 //! - `json`: the strict scanner every dialect reads requests with.
+//! - `envelope`: what every dialect's request body is scanned for first (model, `routing`,
+//!   `messages`), the refusals they share, and the body each attempt sends.
+//! - `facts`: what routing reads from any request (needs, complexity, `routing` overrides).
 //! - `openai`: the OpenAI chat-completions dialect (requests, responses, streams).
 //! - `anthropic`: the Anthropic Messages dialect, same-dialect fast path (requests, responses,
 //!   streams, errors in Anthropic's shape).
@@ -9,13 +13,13 @@
 //! - `caller`: the caller's request in its surface's dialect, and the body each attempt sends.
 //! - `relay`: a provider's answer on its way to the caller, same dialect or translated.
 //! - `stream`: what any dialect's response reports in common words (usage, stream signals).
-//! - `surface`: the endpoints callers reach, their dialect, and which providers serve them.
 
 pub mod anthropic;
 pub mod caller;
 pub mod chat_messages;
+pub mod envelope;
+pub mod facts;
 pub mod json;
 pub mod openai;
 pub mod relay;
 pub mod stream;
-pub mod surface;

@@ -2,8 +2,9 @@
 //! rewriting responses on their way back.
 //!
 //! Pure transforms over bytes: no I/O, no knowledge of Pingora. The request is scanned once
-//! ([`ChatRequest::parse`]); each attempt gets the same bytes with the `model` value replaced
-//! by the deployment's upstream name and the `routing` member removed
+//! ([`ChatRequest::parse`], the chat members read on top of the [`envelope`](super::envelope)
+//! every dialect shares); each attempt gets the same bytes with the `model` value replaced by
+//! the deployment's upstream name and the `routing` member removed
 //! ([`ChatRequest::body_for`]). Responses get the caller's model name back in `model`
 //! ([`ResponseRewriter`]): a JSON body is held until complete (it is one write anyway), an
 //! SSE stream is rewritten event by event as it flows, never buffered beyond a partial line.
@@ -11,27 +12,25 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use bytes::{BufMut, Bytes, BytesMut};
-use serde::Deserialize;
-
-use super::json::{self, JsonError};
+use super::envelope::{non_empty_array, type_is, Envelope, RequestBodyError, COMMON_KEYS};
+use super::facts::{Complexity, Needs, RoutingOverride};
+use super::json;
 use crate::error::error_json;
+use bytes::{BufMut, Bytes, BytesMut};
 
-const WANT_MODEL: usize = 0;
-const WANT_STREAM: usize = 1;
-const WANT_ROUTING: usize = 2;
-const WANT_MESSAGES: usize = 3;
+const WANT_STREAM: usize = 3;
 const WANT_MAX_TOKENS: usize = 4;
 const WANT_MAX_COMPLETION_TOKENS: usize = 5;
 const WANT_TOOLS: usize = 6;
 const WANT_FUNCTIONS: usize = 7;
 const WANT_RESPONSE_FORMAT: usize = 8;
 const WANT_STREAM_OPTIONS: usize = 9;
+/// The envelope's members, then the chat dialect's own.
 const REQUEST_KEYS: &[&[u8]] = &[
-    b"model",
+    COMMON_KEYS[0],
+    COMMON_KEYS[1],
+    COMMON_KEYS[2],
     b"stream",
-    b"routing",
-    b"messages",
     b"max_tokens",
     b"max_completion_tokens",
     b"tools",
@@ -40,159 +39,44 @@ const REQUEST_KEYS: &[&[u8]] = &[
     b"stream_options",
 ];
 
-/// The name of a wanted request key, for messages.
-fn key_name(w: usize) -> &'static str {
-    REQUEST_KEYS
-        .get(w)
-        .and_then(|k| std::str::from_utf8(k).ok())
-        .unwrap_or("a routing field")
-}
-
-/// Why a request body cannot be routed. Messages are signalbox's own.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RequestBodyError {
-    NotJson,
-    TooDeep,
-    NotAnObject,
-    MissingModel,
-    ModelNotString,
-    StreamNotBool,
-    DuplicateKey(&'static str),
-    /// A top-level key that differs from this one only in letter case.
-    KeyCase(&'static str),
-    BadRouting(String),
-}
-
-impl RequestBodyError {
-    pub fn message(&self) -> Cow<'static, str> {
-        match self {
-            RequestBodyError::NotJson => "the request body is not valid JSON".into(),
-            RequestBodyError::TooDeep => "the request body nests too deeply".into(),
-            RequestBodyError::NotAnObject => "the request body must be a JSON object".into(),
-            RequestBodyError::MissingModel => "the request body has no `model`".into(),
-            RequestBodyError::ModelNotString => "`model` must be a string".into(),
-            RequestBodyError::StreamNotBool => "`stream` must be true or false".into(),
-            RequestBodyError::DuplicateKey(k) => format!("`{k}` appears more than once").into(),
-            RequestBodyError::KeyCase(k) => {
-                format!("a key that differs from `{k}` only in letter case is ambiguous").into()
-            }
-            RequestBodyError::BadRouting(why) => format!("`routing`: {why}").into(),
-        }
-    }
-}
-
-/// The per-request `routing` object: overrides for this request only.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct RoutingOverride {
-    #[serde(default)]
-    pub strategy: Option<String>,
-    #[serde(default)]
-    pub providers: Option<Vec<String>>,
-    #[serde(default)]
-    pub policy: Option<String>,
-}
-
-/// The largest `routing.providers` list accepted.
-pub const MAX_ROUTING_PROVIDERS: usize = 10;
-
 /// A chat-completions request body, scanned once.
 #[derive(Debug, Clone)]
 pub struct ChatRequest {
-    body: Bytes,
-    /// The `model` value, quotes included.
-    model: Range<usize>,
+    envelope: Envelope,
     pub stream: bool,
     pub routing: Option<RoutingOverride>,
-    /// Bytes to delete to strip `routing`.
-    routing_removal: Option<Range<usize>>,
-    /// The `messages` value (the prompt), if present.
-    messages: Option<Range<usize>>,
     /// `max_completion_tokens` or `max_tokens`, when a plain non-negative integer.
     pub max_tokens: Option<u64>,
-    /// What the request needs from a model.
+    /// What the request needs from a model: a stream (`stream: true`), tools (a non-empty
+    /// `tools` or `functions`), vision (an image part in `messages`), JSON mode
+    /// (`response_format` of type `json_object` or `json_schema`).
     pub needs: Needs,
     /// `stream_options` as the caller sent it: absent, or whether it asks for usage.
     stream_options: Option<bool>,
-}
-
-/// What a request needs from the model that serves it, derived once from its body: a stream
-/// (`stream: true`), tools (a non-empty `tools` or `functions`), vision (an image part in
-/// `messages`), JSON mode (`response_format` of type `json_object` or `json_schema`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Needs {
-    pub stream: bool,
-    pub tools: bool,
-    pub vision: bool,
-    pub json_mode: bool,
 }
 
 impl ChatRequest {
     pub fn parse(body: Bytes) -> Result<Self, RequestBodyError> {
         // The strict scan accepts only what serde_json accepts and matches keys after decoding
         // their escapes, so `model`, `stream` and `routing` are what the provider will read.
-        let scan = json::scan_object(&body, REQUEST_KEYS).map_err(|e| match e {
-            JsonError::Syntax(_) => RequestBodyError::NotJson,
-            JsonError::TooDeep => RequestBodyError::TooDeep,
-            JsonError::NotAnObject => RequestBodyError::NotAnObject,
-        })?;
-        // The upstream may read the last duplicate while we read the first, or match keys
-        // regardless of case: refuse both.
-        if let Some(w) = scan.duplicate {
-            return Err(RequestBodyError::DuplicateKey(key_name(w)));
-        }
-        if let Some(w) = scan.alias {
-            return Err(RequestBodyError::KeyCase(key_name(w)));
-        }
-        let model = scan.get(WANT_MODEL).ok_or(RequestBodyError::MissingModel)?;
-        if body.get(model.value.start) != Some(&b'"') {
-            return Err(RequestBodyError::ModelNotString);
-        }
-        json::decode_string(&body[model.value.clone()]).ok_or(RequestBodyError::ModelNotString)?;
-        let stream = match scan.get(WANT_STREAM).map(|m| &body[m.value.clone()]) {
-            None | Some(b"false" | b"null") => false,
-            Some(b"true") => true,
-            Some(_) => return Err(RequestBodyError::StreamNotBool),
-        };
-        let (routing, routing_removal) = match scan.get(WANT_ROUTING) {
-            None => (None, None),
-            Some(m) => {
-                let value = &body[m.value.clone()];
-                let routing = if value == b"null" {
-                    RoutingOverride::default()
-                } else {
-                    serde_json::from_slice::<RoutingOverride>(value)
-                        .map_err(|e| RequestBodyError::BadRouting(routing_error_text(&e)))?
-                };
-                if routing
-                    .providers
-                    .as_ref()
-                    .is_some_and(|p| p.len() > MAX_ROUTING_PROVIDERS || p.is_empty())
-                {
-                    return Err(RequestBodyError::BadRouting(format!(
-                        "providers must list 1 to {MAX_ROUTING_PROVIDERS} provider ids"
-                    )));
-                }
-                (Some(routing), Some(scan.removal_range(&m.span)))
-            }
-        };
+        let (mut envelope, scan) = Envelope::scan(body, REQUEST_KEYS)?;
+        let stream = envelope.stream(&scan, WANT_STREAM)?;
+        let routing = envelope.routing(&scan)?;
+        let value = |w: usize| envelope.value(&scan, w);
         let int_of = |w: usize| {
-            scan.get(w)
-                .and_then(|m| std::str::from_utf8(&body[m.value.clone()]).ok())
+            value(w)
+                .and_then(|v| std::str::from_utf8(v).ok())
                 .and_then(|v| v.parse::<u64>().ok())
         };
         let max_tokens = int_of(WANT_MAX_COMPLETION_TOKENS).or_else(|| int_of(WANT_MAX_TOKENS));
-        let messages = scan.get(WANT_MESSAGES).map(|m| m.value.clone());
-        let value = |w: usize| scan.get(w).map(|m| &body[m.value.clone()]);
         let needs = Needs {
             stream,
             tools: [WANT_TOOLS, WANT_FUNCTIONS]
                 .iter()
                 .any(|&w| value(w).is_some_and(non_empty_array)),
-            vision: messages
-                .as_ref()
-                .is_some_and(|m| has_image_part(&body[m.clone()])),
-            json_mode: value(WANT_RESPONSE_FORMAT).is_some_and(is_json_format),
+            vision: envelope.messages().is_some_and(has_image_part),
+            json_mode: value(WANT_RESPONSE_FORMAT)
+                .is_some_and(|v| type_is(v, &["json_object", "json_schema"])),
         };
         let stream_options = value(WANT_STREAM_OPTIONS).map(|v| {
             serde_json::from_slice::<serde_json::Value>(v)
@@ -202,14 +86,11 @@ impl ChatRequest {
         });
         Ok(Self {
             stream_options,
-            model: model.value.clone(),
             stream,
             routing,
-            routing_removal,
-            messages,
             max_tokens,
             needs,
-            body,
+            envelope,
         })
     }
 
@@ -230,33 +111,26 @@ impl ChatRequest {
         score += u32::from(memchr::memmem::find(prompt, b"```").is_some());
         score += u32::from(self.needs.tools);
         score += u32::from(memchr::memmem::find_iter(prompt, b"\"role\"").count() > 6);
-        match score {
-            0 => Complexity::Simple,
-            1 | 2 => Complexity::Medium,
-            _ => Complexity::Complex,
-        }
+        Complexity::of_points(score)
     }
 
     /// The prompt as raw JSON (the `messages` value), or the whole body without one.
     pub fn prompt(&self) -> &[u8] {
-        match &self.messages {
-            Some(r) => &self.body[r.clone()],
-            None => &self.body,
-        }
+        self.envelope.prompt()
     }
 
     /// The model name the caller sent (decoded).
     pub fn model_name(&self) -> Cow<'_, str> {
-        json::decode_string(&self.body[self.model.clone()]).unwrap_or(Cow::Borrowed(""))
+        self.envelope.model_name()
     }
 
     /// The model value exactly as the caller wrote it, quotes included: spliced into responses.
     pub fn model_literal(&self) -> Bytes {
-        self.body.slice(self.model.clone())
+        self.envelope.model_literal()
     }
 
     pub fn body_len(&self) -> usize {
-        self.body.len()
+        self.envelope.body_len()
     }
 
     /// Whether the caller asked for usage in its stream (`stream_options.include_usage`).
@@ -281,78 +155,10 @@ impl ChatRequest {
     /// stream; the response rewriter strips the usage chunk the caller did not ask for.
     pub fn body_for_upstream(&self, upstream_model_json: &[u8], add_stream_usage: bool) -> Bytes {
         const STREAM_USAGE: &[u8] = br#""stream_options":{"include_usage":true},"#;
-        let literal = &self.body[self.model.clone()];
         let add = add_stream_usage && self.may_add_stream_usage();
-        if literal == upstream_model_json && self.routing_removal.is_none() && !add {
-            return self.body.clone();
-        }
-        // Just after the opening brace (a parsed body is an object, so there is one).
-        let open = if add {
-            memchr::memchr(b'{', &self.body).map_or(0, |i| i + 1)
-        } else {
-            0
-        };
-        let mut edits: [(Range<usize>, &[u8]); 3] = [
-            (self.model.clone(), upstream_model_json),
-            (self.routing_removal.clone().unwrap_or(0..0), b""),
-            (open..open, if add { STREAM_USAGE } else { b"" }),
-        ];
-        edits.sort_by_key(|(r, _)| r.start);
-        let mut out = BytesMut::with_capacity(
-            self.body.len() + upstream_model_json.len() + STREAM_USAGE.len(),
-        );
-        let mut at = 0;
-        for (range, replacement) in &edits {
-            if range.is_empty() && replacement.is_empty() {
-                continue;
-            }
-            out.put_slice(&self.body[at..range.start]);
-            out.put_slice(replacement);
-            at = range.end;
-        }
-        out.put_slice(&self.body[at..]);
-        out.freeze()
+        let first = if add { STREAM_USAGE } else { b"" };
+        self.envelope.body_for(upstream_model_json, first)
     }
-}
-
-/// A request's complexity tier (the `complexity` router's input).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Complexity {
-    Simple,
-    Medium,
-    Complex,
-}
-
-impl Complexity {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Complexity::Simple => "simple",
-            Complexity::Medium => "medium",
-            Complexity::Complex => "complex",
-        }
-    }
-}
-
-/// A JSON array with at least one element.
-fn non_empty_array(v: &[u8]) -> bool {
-    v.first() == Some(&b'[')
-        && v[1..]
-            .iter()
-            .find(|b| !b.is_ascii_whitespace())
-            .is_some_and(|b| *b != b']')
-}
-
-/// `response_format` asks for JSON: `{"type": "json_object" | "json_schema", ...}`.
-fn is_json_format(v: &[u8]) -> bool {
-    #[derive(Deserialize)]
-    struct Format<'a> {
-        #[serde(rename = "type", borrow)]
-        kind: Option<Cow<'a, str>>,
-    }
-    serde_json::from_slice::<Format<'_>>(v)
-        .ok()
-        .and_then(|f| f.kind)
-        .is_some_and(|k| matches!(&*k, "json_object" | "json_schema"))
 }
 
 /// Whether `messages` holds an image part (`{"type": "image_url"}` and the like). A cheap
@@ -374,17 +180,8 @@ fn has_image_part(messages: &[u8]) -> bool {
         .any(|t| matches!(t, "image_url" | "image" | "input_image"))
 }
 
-fn routing_error_text(e: &serde_json::Error) -> String {
-    // serde's messages name fields and types, never request content beyond a key name.
-    let msg = e.to_string();
-    match msg.find(" at line") {
-        Some(i) => msg[..i].to_string(),
-        None => msg,
-    }
-}
-
 pub use super::stream::{InbandError, Usage};
-use super::surface::Surface;
+use crate::catalog::surface::Surface;
 
 /// What a response stream showed, for health and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -943,6 +740,22 @@ mod tests {
     }
 
     #[test]
+    fn stream_usage_goes_first_even_before_a_leading_routing_member() {
+        // The insertion and the removal start at the same byte; before the shared envelope
+        // this order of edits sliced backwards (a panic on the request path).
+        let r = req(r#"{"routing":{"providers":["a"]},"model":"m","stream":true}"#).expect("ok");
+        assert_eq!(
+            &r.body_for_upstream(b"\"up\"", true)[..],
+            br#"{"stream_options":{"include_usage":true},"model":"up","stream":true}"#
+        );
+        let r = req(r#"{ "routing":null, "model":"m","stream":true}"#).expect("ok");
+        assert_eq!(
+            &r.body_for_upstream(b"\"up\"", true)[..],
+            br#"{"stream_options":{"include_usage":true}, "model":"up","stream":true}"#
+        );
+    }
+
+    #[test]
     fn a_responses_event_gets_the_callers_model_inside_its_response() {
         let line = b"data: {\"type\":\"response.created\",\"response\":{\"id\":\"r1\",\"model\":\"gpt-4o-2024\",\"status\":\"in_progress\"}}\n";
         let mut out = BytesMut::new();
@@ -1148,7 +961,7 @@ mod tests {
         // Same upstream name and no routing: the original bytes, not a copy.
         let r = req(r#"{"model":"m","messages":[]}"#).expect("valid");
         let out = r.body_for(b"\"m\"");
-        assert_eq!(out.as_ptr(), r.body.as_ptr());
+        assert_eq!(out.as_ptr(), r.envelope.body.as_ptr());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use super::chat_messages::{
 };
 use super::openai::{self, fixed_json_length, ResponseRewriter, StreamStats};
 use super::stream::{InbandError, Signals};
-use super::surface::{Conversion, Dialect, Surface};
+use crate::catalog::surface::{Conversion, Dialect, Surface};
 use crate::error::error_json;
 
 /// A translated JSON answer larger than this is refused as malformed (it is held whole).

@@ -28,7 +28,7 @@ mod keys;
 pub mod ready;
 mod usage;
 
-use crate::adapters::surface::Surface;
+use crate::catalog::surface::Surface;
 use std::sync::Arc;
 
 use async_trait::async_trait;

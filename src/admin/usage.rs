@@ -4,11 +4,14 @@
 //! or unix seconds; both optional. Answered by the ledger's writer after the rows queued
 //! before the call, so a request that finished is counted.
 
+use std::borrow::Cow;
+
 use http::Response;
 use serde_json::json;
 
 use super::{error, json};
-use crate::ledger::{rfc3339_ms, Ledger, UsageBy, UsageQuery};
+use crate::ledger::{Ledger, UsageBy, UsageQuery};
+use crate::rfc3339;
 
 pub async fn handle(ledger: Option<&Ledger>, query: Option<&str>) -> Response<Vec<u8>> {
     let Some(ledger) = ledger else {
@@ -70,8 +73,8 @@ pub async fn handle(ledger: Option<&Ledger>, query: Option<&str>) -> Response<Ve
                 200,
                 &json!({
                     "by": by.as_str(),
-                    "since": since_ms.map(rfc3339_ms),
-                    "until": until_ms.map(rfc3339_ms),
+                    "since": since_ms.map(rfc3339::format_ms),
+                    "until": until_ms.map(rfc3339::format_ms),
                     "backend": ledger.backend(),
                     "total_cost_usd": cost,
                     "groups": rows,
@@ -88,66 +91,22 @@ pub async fn handle(ledger: Option<&Ledger>, query: Option<&str>) -> Response<Ve
 /// Unix milliseconds of `2026-12-01T08:00:00Z` (fractions and `+hh:mm` offsets allowed) or
 /// of unix seconds.
 fn parse_instant(v: &str) -> Option<i64> {
-    let v = percent_decoded(v)?;
+    instant_of(&percent_decoded(v)?)
+}
+
+/// [`parse_instant`] of a decoded value.
+fn instant_of(v: &str) -> Option<i64> {
     if let Ok(secs) = v.parse::<i64>() {
         return secs.checked_mul(1000);
     }
-    parse_rfc3339(&v)
+    rfc3339::parse_ms(v)
 }
 
-/// A query value with its `%XX` escapes decoded (`None`: a broken escape or not UTF-8).
-fn percent_decoded(v: &str) -> Option<String> {
-    let b = v.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-fn parse_rfc3339(v: &str) -> Option<i64> {
-    let b = v.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| v.get(r)?.parse::<i64>().ok();
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
-        return None;
-    }
-    let mut rest = &v[19..];
-    let mut ms = 0;
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
-        let f = &frac[..digits];
-        ms = format!("{f:0<3}").get(..3)?.parse::<i64>().ok()?;
-        rest = &frac[digits..];
-    }
-    let offset_s = match rest {
-        "Z" | "z" => 0,
-        _ => {
-            let sign = match rest.as_bytes().first()? {
-                b'+' => 1,
-                b'-' => -1,
-                _ => return None,
-            };
-            let oh = rest.get(1..3)?.parse::<i64>().ok()?;
-            let om = rest.get(4..6)?.parse::<i64>().ok()?;
-            sign * (oh * 3600 + om * 60)
-        }
-    };
-    #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
-    let days = crate::limits::budget::days_from_civil(y, mo as u32, d as u32);
-    Some(((days * 86_400 + h * 3600 + mi * 60 + s - offset_s) * 1000) + ms)
+/// A query value with its `%XX` escapes decoded (`None`: not UTF-8 once decoded). A `+` stays
+/// a `+` (the sign of an offset, not a space), and a `%` without two hex digits after it stays
+/// as it is: no instant contains one, so such a value is refused all the same.
+fn percent_decoded(v: &str) -> Option<Cow<'_, str>> {
+    percent_encoding::percent_decode_str(v).decode_utf8().ok()
 }
 
 #[cfg(test)]
@@ -176,5 +135,74 @@ mod tests {
             "a broken escape"
         );
         assert_eq!(parse_instant("2026-13-01T00:00:00Z"), None);
+    }
+
+    #[test]
+    fn a_plus_is_an_offset_sign_and_a_broken_escape_is_refused() {
+        assert_eq!(
+            parse_instant("2026-12-01T13:00:00+01:00"),
+            Some(1_796_126_400_000),
+            "`+` is not a space here"
+        );
+        for broken in [
+            "2026-12-01T12:00:00Z%",
+            "2026-12-01T12:00:00Z%2",
+            "%+11796126400",
+            "17961%zz26400",
+            "%ff",
+            "%20",
+        ] {
+            assert_eq!(parse_instant(broken), None, "{broken}");
+        }
+    }
+
+    /// The decoder the crate replaced: `None` for a broken escape or a result not UTF-8.
+    fn percent_decoded_by_hand(v: &str) -> Option<String> {
+        let b = v.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'%' {
+                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            } else {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+        String::from_utf8(out).ok()
+    }
+
+    proptest::proptest! {
+        /// Escaping any characters of an instant, or writing a broken escape, reads the same
+        /// as with the hand-written decoder this replaced.
+        #[test]
+        fn decoding_agrees_with_the_hand_written_decoder(
+            template in proptest::sample::select(vec![
+                "2026-12-01T13:00:00.25+01:00",
+                "2026-12-01T12:00:00Z",
+                "1796126400",
+                "2026-12-01t12:00:00.999-00:30",
+            ]),
+            escape in proptest::collection::vec(0u8..4, 32),
+            noise in "(%|%2|%zz|%+1|%ff|%25|%3a|\\+|[0-9:TZ. -])?",
+        ) {
+            let mut v = String::new();
+            for (c, how) in template.chars().zip(escape.iter().chain(std::iter::repeat(&0))) {
+                match how {
+                    1 => v.push_str(&format!("%{:02X}", u32::from(c))),
+                    2 => v.push_str(&format!("%{:02x}", u32::from(c))),
+                    _ => v.push(c),
+                }
+            }
+            for at in [0, v.len() / 2, v.len()] {
+                let mut noisy = v.clone();
+                noisy.insert_str(at, &noise);
+                let by_hand = percent_decoded_by_hand(&noisy).and_then(|d| instant_of(&d));
+                proptest::prop_assert_eq!(parse_instant(&noisy), by_hand, "{}", noisy);
+            }
+            proptest::prop_assert_eq!(parse_instant(&v), instant_of(template));
+        }
     }
 }

@@ -11,7 +11,10 @@
 //!   after a backoff, the plan's next, none), under `max_attempts`, the deadline and the
 //!   same-target retry rules.
 //!
-//! Nothing here touches a socket, a breaker or a counter: the proxy's drivers describe what
+//! The room depends on nothing of the gateway's but its error type: what an answer showed is
+//! described in its own words ([`Shown`]), which the relay's reading is turned into, so the
+//! config layer can ask it which statuses are failures. Nothing here touches a socket, a
+//! breaker or a counter: the proxy's drivers describe what
 //! they saw, ask, and settle health, the ledger row, metrics and the access line from the
 //! answer in one place (`proxy::settle`). No rule about what is retryable exists anywhere else.
 
@@ -24,4 +27,6 @@ pub use outcome::{
     Advance, FailureLog, NoCall, Outcome,
 };
 pub use schedule::{Next, RetryOn, RetryRules, SameTarget, Spent, StatusSet};
-pub use verdict::{judge, BodyEnd, CommitAt, Scope, Sent, Terms, Verdict};
+pub use verdict::{
+    judge, BodyEnd, CommitAt, ProviderError, Scope, Sent, Shown, Terms, Unreadable, Verdict,
+};

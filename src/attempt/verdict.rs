@@ -27,8 +27,6 @@
 //! and is relayed (in signalbox's words), unless the policy fails over on client errors.
 
 use super::outcome::{Advance, Outcome};
-use crate::adapters::chat_messages::BadUpstream;
-use crate::adapters::stream::{InbandError, Signals};
 
 /// A whole answer (JSON) larger than this is committed at its header and relayed as it
 /// arrives: holding more would hold the caller's memory hostage to one provider.
@@ -52,6 +50,40 @@ pub struct Terms {
     /// A provider's refusal of the caller's request moves on (a policy's
     /// `failover_on_client_error`); a context-length refusal then needs a larger window.
     pub failover_on_client_error: bool,
+}
+
+/// The provider's own error (a stream's error event, or the error object of a whole answer),
+/// by what it means for failover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderError {
+    /// Overloaded or rate limited: another target may serve.
+    Overloaded,
+    /// The provider failed.
+    Server,
+    /// The request itself was refused: another target would refuse it too.
+    InvalidRequest,
+}
+
+/// An answer that could not be read in the dialect it claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreadable {
+    /// An answer with no choices (no content block, no output).
+    EmptyChoices,
+    /// Not JSON, or not the dialect's shape.
+    Malformed,
+}
+
+/// What an answer's body has shown so far, as the relay read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Shown {
+    /// A content-bearing event passed (a text, tool-call or reasoning delta).
+    pub content: bool,
+    /// The stream's terminal event passed.
+    pub terminal: bool,
+    pub error: Option<ProviderError>,
+    /// A body or chunk with `"choices": []` (an answer with nothing in it).
+    pub empty_choices: bool,
+    pub unreadable: Option<Unreadable>,
 }
 
 /// How a body read ended, so far.
@@ -79,10 +111,9 @@ pub enum Sent<'a> {
     },
     /// The final (not 1xx) response header.
     Header { status: u16 },
-    /// A 2xx answer's body so far, as the relay read it. `sse`: the answer is a stream.
+    /// A 2xx answer's body so far. `sse`: the answer is a stream.
     Body {
-        signals: &'a Signals,
-        bad: Option<BadUpstream>,
+        shown: &'a Shown,
         sse: bool,
         end: BodyEnd,
     },
@@ -204,29 +235,18 @@ pub fn judge(sent: Sent<'_>, terms: Terms, committed: bool) -> Verdict {
             },
         },
         Sent::Cancelled => Verdict::Ended(Outcome::Cancelled),
-        Sent::Body {
-            signals,
-            bad,
-            sse,
-            end,
-        } => {
+        Sent::Body { shown, sse, end } => {
             if committed {
-                judge_committed(signals, bad, sse, end)
+                judge_committed(shown, sse, end)
             } else {
-                judge_held(signals, bad, sse, end, terms.commit_at)
+                judge_held(shown, sse, end, terms.commit_at)
             }
         }
     }
 }
 
 /// A body before the commit point: is it an answer yet, a failure, or not decided?
-fn judge_held(
-    signals: &Signals,
-    bad: Option<BadUpstream>,
-    sse: bool,
-    end: BodyEnd,
-    commit_at: CommitAt,
-) -> Verdict {
+fn judge_held(shown: &Shown, sse: bool, end: BodyEnd, commit_at: CommitAt) -> Verdict {
     let retry = |outcome| Verdict::Retry {
         outcome,
         scope: Scope::Deployment,
@@ -236,23 +256,23 @@ fn judge_held(
     }
     let in_band_error = |kind| match kind {
         // The request itself was refused: another target would refuse it too.
-        InbandError::InvalidRequest => Verdict::Refuse { in_band: true },
-        InbandError::Server | InbandError::Overloaded if sse => retry(Outcome::StreamError),
-        InbandError::Server | InbandError::Overloaded => retry(Outcome::ServerError),
+        ProviderError::InvalidRequest => Verdict::Refuse { in_band: true },
+        ProviderError::Server | ProviderError::Overloaded if sse => retry(Outcome::StreamError),
+        ProviderError::Server | ProviderError::Overloaded => retry(Outcome::ServerError),
     };
     if sse && commit_at != CommitAt::WholeBody {
         // Under the first-chunk hold: the first content commits; anything that ends the
         // stream before it is a failure.
-        if signals.content {
+        if shown.content {
             return Verdict::Commit;
         }
-        if bad.is_some() {
+        if shown.unreadable.is_some() {
             return retry(Outcome::ServerError);
         }
-        if let Some(kind) = signals.error {
+        if let Some(kind) = shown.error {
             return in_band_error(kind);
         }
-        if signals.terminal || signals.empty_choices || end == BodyEnd::Complete {
+        if shown.terminal || shown.empty_choices || end == BodyEnd::Complete {
             return retry(Outcome::Empty);
         }
         return Verdict::Pending;
@@ -261,35 +281,30 @@ fn judge_held(
         return Verdict::Pending;
     }
     // The whole answer is here.
-    match bad {
-        Some(BadUpstream::EmptyChoices) => return retry(Outcome::Empty),
-        Some(_) => return retry(Outcome::ServerError),
+    match shown.unreadable {
+        Some(Unreadable::EmptyChoices) => return retry(Outcome::Empty),
+        Some(Unreadable::Malformed) => return retry(Outcome::ServerError),
         None => {}
     }
-    if let Some(kind) = signals.error {
+    if let Some(kind) = shown.error {
         return in_band_error(kind);
     }
-    if signals.empty_choices || (sse && !signals.content) {
+    if shown.empty_choices || (sse && !shown.content) {
         return retry(Outcome::Empty);
     }
     Verdict::Commit
 }
 
 /// A body after the commit point: nothing is retried; how did the attempt end?
-fn judge_committed(
-    signals: &Signals,
-    bad: Option<BadUpstream>,
-    sse: bool,
-    end: BodyEnd,
-) -> Verdict {
+fn judge_committed(shown: &Shown, sse: bool, end: BodyEnd) -> Verdict {
     match end {
         BodyEnd::Open => Verdict::Pending,
         BodyEnd::Broken(_) => Verdict::Ended(Outcome::StreamAborted),
         BodyEnd::Complete if sse => {
-            if !signals.content && signals.error.is_none() {
+            if !shown.content && shown.error.is_none() {
                 // An empty stream (its header went out before anything else could be seen).
                 Verdict::Ended(Outcome::Empty)
-            } else if signals.terminal && signals.error.is_none() && bad.is_none() {
+            } else if shown.terminal && shown.error.is_none() && shown.unreadable.is_none() {
                 Verdict::Ended(Outcome::Ok)
             } else {
                 // Ended without its terminal event, or with the provider's error after
@@ -297,7 +312,7 @@ fn judge_committed(
                 Verdict::Ended(Outcome::StreamAborted)
             }
         }
-        BodyEnd::Complete if signals.empty_choices || bad.is_some() => {
+        BodyEnd::Complete if shown.empty_choices || shown.unreadable.is_some() => {
             Verdict::Ended(Outcome::Empty)
         }
         BodyEnd::Complete => Verdict::Ended(Outcome::Ok),
@@ -321,13 +336,8 @@ mod tests {
         failover_on_client_error: false,
     };
 
-    fn body(signals: &Signals, sse: bool, end: BodyEnd) -> Sent<'_> {
-        Sent::Body {
-            signals,
-            bad: None,
-            sse,
-            end,
-        }
+    fn body(shown: &Shown, sse: bool, end: BodyEnd) -> Sent<'_> {
+        Sent::Body { shown, sse, end }
     }
 
     fn retry(outcome: Outcome) -> Verdict {
@@ -408,7 +418,7 @@ mod tests {
 
     #[test]
     fn a_whole_answer_is_judged_when_complete() {
-        let s = Signals::default();
+        let s = Shown::default();
         assert_eq!(
             judge(body(&s, false, BodyEnd::Open), WHOLE, false),
             Verdict::Pending
@@ -426,26 +436,27 @@ mod tests {
             ),
             retry(Outcome::Reset)
         );
-        let empty = Signals {
+        let empty = Shown {
             empty_choices: true,
-            ..Signals::default()
+            ..Shown::default()
         };
         assert_eq!(
             judge(body(&empty, false, BodyEnd::Complete), WHOLE, false),
             retry(Outcome::Empty)
         );
-        let bad = Sent::Body {
-            signals: &s,
-            bad: Some(BadUpstream::NotJson),
-            sse: false,
-            end: BodyEnd::Complete,
+        let malformed = Shown {
+            unreadable: Some(Unreadable::Malformed),
+            ..Shown::default()
         };
-        assert_eq!(judge(bad, WHOLE, false), retry(Outcome::ServerError));
+        assert_eq!(
+            judge(body(&malformed, false, BodyEnd::Complete), WHOLE, false),
+            retry(Outcome::ServerError)
+        );
     }
 
     #[test]
     fn a_held_stream_commits_at_its_first_content() {
-        let none = Signals::default();
+        let none = Shown::default();
         assert_eq!(
             judge(body(&none, true, BodyEnd::Open), HOLD, false),
             Verdict::Pending
@@ -454,25 +465,25 @@ mod tests {
             judge(body(&none, true, BodyEnd::Complete), HOLD, false),
             retry(Outcome::Empty)
         );
-        let content = Signals {
+        let content = Shown {
             content: true,
-            ..Signals::default()
+            ..Shown::default()
         };
         assert_eq!(
             judge(body(&content, true, BodyEnd::Open), HOLD, false),
             Verdict::Commit
         );
-        let refused = Signals {
-            error: Some(InbandError::InvalidRequest),
-            ..Signals::default()
+        let refused = Shown {
+            error: Some(ProviderError::InvalidRequest),
+            ..Shown::default()
         };
         assert_eq!(
             judge(body(&refused, true, BodyEnd::Open), HOLD, false),
             Verdict::Refuse { in_band: true }
         );
-        let overloaded = Signals {
-            error: Some(InbandError::Overloaded),
-            ..Signals::default()
+        let overloaded = Shown {
+            error: Some(ProviderError::Overloaded),
+            ..Shown::default()
         };
         assert_eq!(
             judge(body(&overloaded, true, BodyEnd::Open), HOLD, false),
@@ -482,9 +493,9 @@ mod tests {
 
     #[test]
     fn after_the_commit_nothing_is_retried() {
-        let content = Signals {
+        let content = Shown {
             content: true,
-            ..Signals::default()
+            ..Shown::default()
         };
         assert_eq!(
             judge(
@@ -499,7 +510,7 @@ mod tests {
             Verdict::Ended(Outcome::StreamAborted),
             "no terminal event"
         );
-        let done = Signals {
+        let done = Shown {
             terminal: true,
             ..content
         };
@@ -509,7 +520,7 @@ mod tests {
         );
         assert_eq!(
             judge(
-                body(&Signals::default(), true, BodyEnd::Complete),
+                body(&Shown::default(), true, BodyEnd::Complete),
                 AT_HEADER,
                 true
             ),

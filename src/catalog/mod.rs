@@ -15,6 +15,9 @@
 //! Addresses are the one mutable part: DNS answers change, so each provider holds an
 //! [`AddrCell`] that the background resolver (`dns`) swaps and the request path reads without
 //! a lock. A provider whose host has not resolved yet is skipped without a call.
+//!
+//! [`surface`]: the endpoints (callers' and providers' alike), their dialects, and which
+//! provider kinds serve them.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -35,6 +38,10 @@ use crate::config::{
 use crate::limits::budget::Spend;
 use crate::limits::window::Window;
 use crate::secret::Secret;
+
+pub mod surface;
+
+use surface::Surface;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ProviderIdx(pub u32);
@@ -134,7 +141,7 @@ pub struct Provider {
     /// SNI and certificate name: the URL's host.
     pub sni: String,
     pub host_header: HeaderValue,
-    /// The upstream path of each [`Endpoint`] (by index), under the base URL.
+    /// The upstream path of each [`Surface`] (by [`Surface::index`]), under the base URL.
     uris: Vec<Uri>,
     pub models_uri: Uri,
     pub addrs: Arc<AddrCell>,
@@ -158,7 +165,7 @@ pub const UPSTREAM_IDLE: Duration = Duration::from_secs(60);
 
 impl Provider {
     /// The request path for an upstream endpoint.
-    pub fn uri(&self, endpoint: Endpoint) -> &Uri {
+    pub fn uri(&self, endpoint: Surface) -> &Uri {
         &self.uris[endpoint.index()]
     }
 
@@ -285,9 +292,9 @@ impl Catalog {
         for (i, p) in config.providers.iter().enumerate() {
             let tls = p.base_url.scheme == Scheme::Https;
             let path = &p.base_url.path;
-            let mut uris = Vec::with_capacity(Endpoint::ALL.len());
-            for e in Endpoint::ALL {
-                let uri: Uri = format!("{path}{}", e.path())
+            let mut uris = Vec::with_capacity(Surface::ALL.len());
+            for e in Surface::ALL {
+                let uri: Uri = format!("{path}{}", e.upstream_path())
                     .parse()
                     .map_err(|e| CatalogError(format!("providers.{}: bad path: {e}", p.id)))?;
                 uris.push(uri);
@@ -568,44 +575,6 @@ fn load_ca(path: &std::path::Path) -> Result<Arc<CaType>, String> {
     Ok(Arc::from(certs.into_boxed_slice()))
 }
 
-/// An upstream endpoint, relative to a provider's `base_url`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    ChatCompletions,
-    Completions,
-    Responses,
-    Embeddings,
-    Messages,
-    CountTokens,
-}
-
-impl Endpoint {
-    pub const ALL: [Endpoint; 6] = [
-        Endpoint::ChatCompletions,
-        Endpoint::Completions,
-        Endpoint::Responses,
-        Endpoint::Embeddings,
-        Endpoint::Messages,
-        Endpoint::CountTokens,
-    ];
-
-    /// The path under the provider's base URL.
-    pub fn path(self) -> &'static str {
-        match self {
-            Endpoint::ChatCompletions => "/chat/completions",
-            Endpoint::Completions => "/completions",
-            Endpoint::Responses => "/responses",
-            Endpoint::Embeddings => "/embeddings",
-            Endpoint::Messages => "/messages",
-            Endpoint::CountTokens => "/messages/count_tokens",
-        }
-    }
-
-    pub fn index(self) -> usize {
-        self as usize
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -639,10 +608,10 @@ models:
         assert!(warnings[0].0.contains("credentials.k2"));
         let a = &cat.providers[0];
         assert_eq!(
-            a.uri(Endpoint::ChatCompletions).path(),
+            a.uri(Surface::ChatCompletions).path(),
             "/v1/chat/completions"
         );
-        assert_eq!(a.uri(Endpoint::Messages).path(), "/v1/messages");
+        assert_eq!(a.uri(Surface::Messages).path(), "/v1/messages");
         assert_eq!(a.host_header, "127.0.0.1:9001");
         assert!(!a.tls && !a.needs_dns);
         assert!(a.credentials[0].usable && !a.credentials[1].usable);

@@ -21,7 +21,6 @@ use std::sync::mpsc::{self, Sender, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use store::rfc3339_ms;
 use store::Store;
 use writer::{Command, Msg, Writer};
 

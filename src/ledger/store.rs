@@ -8,6 +8,7 @@ use postgres::types::ToSql as PgToSql;
 use rusqlite::ToSql as SqliteToSql;
 
 use super::{LedgerError, LedgerRow, LedgerTarget, SpendRow, UsageQuery, UsageRow};
+use crate::rfc3339;
 
 const SCHEMA: &str = "\
 CREATE TABLE IF NOT EXISTS signalbox_ledger (
@@ -72,7 +73,7 @@ impl<'a> Values<'a> {
         Values {
             request_id: &r.request_id,
             attempt: i32::try_from(r.attempt).unwrap_or(i32::MAX),
-            time: rfc3339_ms(r.time_ms),
+            time: rfc3339::format_ms(r.time_ms),
             time_ms: r.time_ms,
             key_id: r.key_id.as_deref(),
             user: r.user.as_deref(),
@@ -392,13 +393,4 @@ impl Pg {
             _ => text,
         }
     }
-}
-
-/// `2026-12-01T08:25:23.123Z` for unix milliseconds (proleptic Gregorian, UTC).
-pub fn rfc3339_ms(time_ms: i64) -> String {
-    let days = time_ms.div_euclid(86_400_000);
-    let ms = time_ms.rem_euclid(86_400_000);
-    let (y, m, d) = crate::limits::budget::civil_from_days(days);
-    let (h, mi, s, frac) = (ms / 3_600_000, ms / 60_000 % 60, ms / 1000 % 60, ms % 1000);
-    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{frac:03}Z")
 }

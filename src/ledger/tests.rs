@@ -508,7 +508,7 @@ fn times_are_rfc3339_utc_with_milliseconds() {
         (-2_203_891_200_000, "1900-03-01T00:00:00.000Z"),
         (4_133_937_600_500, "2100-12-31T12:00:00.500Z"),
     ] {
-        assert_eq!(rfc3339_ms(ms), text);
+        assert_eq!(crate::rfc3339::format_ms(ms), text);
     }
 }
 

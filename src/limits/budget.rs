@@ -8,36 +8,33 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use time::{Date, OffsetDateTime};
+
 use crate::config::{BudgetConfig, BudgetPeriod, Price};
 
 const DAY: u64 = 86_400;
 /// The `Retry-After` of a `total` budget, which never resets (DESIGN §8).
 const TOTAL_RETRY_AFTER: u64 = 3_600;
 
-/// Days since 1970-01-01 as (year, month 1–12, day 1–31): Howard Hinnant's `civil_from_days`.
-pub(crate) fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
+/// The Julian day `time` numbers 1970-01-01 with.
+const EPOCH_JULIAN_DAY: i32 = OffsetDateTime::UNIX_EPOCH.date().to_julian_day();
+
+/// The UTC date of `day` (days since 1970-01-01); `None` outside the years `time` names
+/// (±9999).
+fn date_of_day(day: i64) -> Option<Date> {
+    let julian = i32::try_from(day.checked_add(i64::from(EPOCH_JULIAN_DAY))?).ok()?;
+    Date::from_julian_day(julian).ok()
 }
 
-/// The inverse: (year, month, day) to days since 1970-01-01.
-pub(crate) fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let m = i64::from(m);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+/// The UTC calendar month containing `day` (days since 1970-01-01): its index (year × 12 +
+/// month), its first day and the first day of the next. `None` past 9999-12-31, the last date
+/// `time` names (no clock reads that).
+fn month_of(day: u64) -> Option<(u64, u64, u64)> {
+    let date = date_of_day(i64::try_from(day).ok()?)?;
+    let first = day - u64::from(date.day() - 1);
+    let next = first + u64::from(date.month().length(date.year()));
+    let index = u64::try_from(date.year()).ok()? * 12 + u64::from(u8::from(date.month()));
+    Some((index, first, next))
 }
 
 /// The period containing `now_s` (unix seconds): its index (comparable within one kind of
@@ -51,15 +48,11 @@ pub fn period_of(period: BudgetPeriod, now_s: u64) -> (u64, Option<u64>) {
             let start = day - (day + 3) % 7;
             (start, Some((start + 7) * DAY))
         }
-        BudgetPeriod::Month => {
-            #[allow(clippy::cast_possible_wrap)]
-            let (y, m, _) = civil_from_days(day as i64);
-            let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
-            #[allow(clippy::cast_sign_loss)]
-            let end = days_from_civil(ny, nm, 1) as u64 * DAY;
-            #[allow(clippy::cast_sign_loss)]
-            (y as u64 * 12 + u64::from(m), Some(end))
-        }
+        // Past 9999 (see `month_of`) the month never ends.
+        BudgetPeriod::Month => match month_of(day) {
+            Some((index, _, next)) => (index, Some(next * DAY)),
+            None => (u64::MAX, None),
+        },
         BudgetPeriod::Total => (0, None),
     }
 }
@@ -70,13 +63,7 @@ pub fn period_start_day(period: BudgetPeriod, now_s: u64) -> u64 {
     match period {
         BudgetPeriod::Day => day,
         BudgetPeriod::Week => day - (day + 3) % 7,
-        BudgetPeriod::Month => {
-            #[allow(clippy::cast_possible_wrap)]
-            let (y, m, _) = civil_from_days(day as i64);
-            #[allow(clippy::cast_sign_loss)]
-            let start = days_from_civil(y, m, 1) as u64;
-            start
-        }
+        BudgetPeriod::Month => month_of(day).map_or(day, |(_, first, _)| first),
         BudgetPeriod::Total => 0,
     }
 }
@@ -227,14 +214,21 @@ impl Spend {
 
 #[cfg(test)]
 mod tests {
+    use time::macros::date;
+
     use super::*;
 
     /// 2026-12-01T12:00:00Z, a Tuesday.
     const NOW: u64 = 1_796_126_400;
 
+    /// Days since 1970-01-01 of `date`.
+    fn day_of(date: Date) -> u64 {
+        u64::try_from(date.to_julian_day() - EPOCH_JULIAN_DAY).expect("after 1970")
+    }
+
     #[test]
     fn periods_end_on_the_utc_calendar() {
-        assert_eq!(civil_from_days((NOW / DAY) as i64), (2026, 12, 1));
+        assert_eq!(date_of_day((NOW / DAY) as i64), Some(date!(2026 - 12 - 01)));
         assert_eq!(seconds_to_reset(BudgetPeriod::Day, NOW), 12 * 3_600);
         // The week ends next Monday 00:00 UTC: the rest of Tuesday and four more days.
         assert_eq!(
@@ -258,14 +252,56 @@ mod tests {
         assert_eq!(period_start_day(BudgetPeriod::Month, NOW + 5 * DAY), today);
         assert_eq!(period_start_day(BudgetPeriod::Total, NOW), 0);
         // February in a leap year.
-        let feb = days_from_civil(2028, 2, 10) as u64 * DAY;
+        let feb = day_of(date!(2028 - 02 - 10)) * DAY;
         assert_eq!(
             period_of(BudgetPeriod::Month, feb).1,
-            Some(days_from_civil(2028, 3, 1) as u64 * DAY)
+            Some(day_of(date!(2028 - 03 - 01)) * DAY)
         );
         for days in [-1000_i64, 0, 59, 365, 20_000, 60_000] {
-            let (y, m, d) = civil_from_days(days);
-            assert_eq!(days_from_civil(y, m, d), days);
+            let date = date_of_day(days).expect("in range");
+            assert_eq!(i64::from(date.to_julian_day() - EPOCH_JULIAN_DAY), days);
+        }
+    }
+
+    #[test]
+    fn a_month_past_what_time_names_never_ends() {
+        let last = day_of(Date::MAX);
+        assert_eq!(
+            period_of(BudgetPeriod::Month, last * DAY).1,
+            Some((last + 1) * DAY)
+        );
+        let past = (last + 1) * DAY;
+        assert_eq!(period_of(BudgetPeriod::Month, past), (u64::MAX, None));
+        assert_eq!(
+            seconds_to_reset(BudgetPeriod::Month, past),
+            TOTAL_RETRY_AFTER
+        );
+        assert_eq!(period_start_day(BudgetPeriod::Month, past), last + 1);
+    }
+
+    proptest::proptest! {
+        /// Month periods through `time` agree with the civil-date formulas they replaced, from
+        /// 1970 to 9999.
+        #[test]
+        fn months_agree_with_the_civil_formulas(now_s in 0u64..253_402_300_800) {
+            use crate::rfc3339::hinnant::{civil_from_days, days_from_civil};
+            let day = now_s / DAY;
+            #[allow(clippy::cast_possible_wrap)]
+            let (y, m, _) = civil_from_days(day as i64);
+            let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+            #[allow(clippy::cast_sign_loss)]
+            let (start, end) = (
+                days_from_civil(y, m, 1) as u64,
+                days_from_civil(ny, nm, 1) as u64 * DAY,
+            );
+            #[allow(clippy::cast_sign_loss)]
+            let index = y as u64 * 12 + u64::from(m);
+            proptest::prop_assert_eq!(period_of(BudgetPeriod::Month, now_s), (index, Some(end)));
+            proptest::prop_assert_eq!(period_start_day(BudgetPeriod::Month, now_s), start);
+            proptest::prop_assert_eq!(
+                seconds_to_reset(BudgetPeriod::Month, now_s),
+                (end - now_s).max(1)
+            );
         }
     }
 

@@ -10,11 +10,11 @@
 //! Only an exhausted window (remaining `0`) is acted on; a missing or unreadable reset is no
 //! signal (the provider's 429 and `Retry-After` still cover it).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use http::HeaderMap;
 
-use super::budget::days_from_civil;
+use crate::rfc3339;
 
 /// The longest pause a header may impose (a misread reset must not bench a key for a day).
 const MAX_PAUSE: Duration = Duration::from_secs(3_600);
@@ -70,8 +70,12 @@ pub fn exhausted_for(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
         .iter()
         .filter(|(remaining, _)| exhausted(remaining))
         .filter_map(|(_, reset)| {
-            let at = text(reset).and_then(parse_rfc3339)?;
-            Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+            let at = rfc3339::parse(text(reset)?.trim())?;
+            Some(
+                SystemTime::from(at)
+                    .duration_since(now)
+                    .unwrap_or(Duration::ZERO),
+            )
         });
     openai
         .chain(anthropic)
@@ -112,48 +116,10 @@ fn parse_go_duration(s: &str) -> Option<Duration> {
     (total.is_finite() && total >= 0.0).then(|| Duration::from_secs_f64(total))
 }
 
-/// An RFC 3339 time (`2026-12-01T06:10:00Z`, fractions and `±hh:mm` offsets accepted).
-fn parse_rfc3339(s: &str) -> Option<SystemTime> {
-    let s = s.trim();
-    let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<u32>().ok();
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
-        return None;
-    }
-    let mut rest = &s[19..];
-    let mut frac = 0.0;
-    if let Some(r) = rest.strip_prefix('.') {
-        let end = r.find(|c: char| !c.is_ascii_digit()).unwrap_or(r.len());
-        frac = format!("0.{}", &r[..end]).parse().ok()?;
-        rest = &r[end..];
-    }
-    let offset: i64 = match rest {
-        "Z" | "z" => 0,
-        o if o.len() == 6 && (o.starts_with('+') || o.starts_with('-')) => {
-            let oh: i64 = o.get(1..3)?.parse().ok()?;
-            let om: i64 = o.get(4..6)?.parse().ok()?;
-            let v = oh * 3_600 + om * 60;
-            if o.starts_with('-') {
-                -v
-            } else {
-                v
-            }
-        }
-        _ => return None,
-    };
-    let days = days_from_civil(i64::from(y), mo, d);
-    let secs = days * 86_400 + i64::from(h) * 3_600 + i64::from(mi) * 60 + i64::from(sec) - offset;
-    let secs = u64::try_from(secs).ok()?;
-    Some(UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_secs_f64(frac))
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::UNIX_EPOCH;
+
     use super::*;
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {

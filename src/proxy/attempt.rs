@@ -20,7 +20,7 @@ use super::respond;
 use crate::adapters::anthropic::ANTHROPIC_VERSION;
 use crate::adapters::chat_messages::Unexpressible;
 use crate::adapters::relay::Relay;
-use crate::adapters::surface::{Conversion, Dialect, Surface};
+use crate::catalog::surface::{Conversion, Dialect, Surface};
 use crate::config::ProviderKind;
 use crate::health::TargetRef;
 use crate::snapshot::Snapshot;

@@ -27,6 +27,7 @@ use pingora_core::connectors::http::Connector;
 use pingora_core::protocols::http::client::HttpSession as UpstreamSession;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType};
+use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 use tokio::time::{timeout, timeout_at, Instant};
 
@@ -158,6 +159,16 @@ fn after(step: Step) -> Drive {
     }
 }
 
+fn terms(ctx: &RequestCtx) -> verdicts::Terms {
+    ctx.admitted.as_ref().map_or(
+        verdicts::Terms {
+            commit_at: CommitAt::WholeBody,
+            failover_on_client_error: false,
+        },
+        |a| a.terms,
+    )
+}
+
 /// When the live attempt must have shown its first content: the hold (a held stream) or the
 /// TTFB timeout (a whole answer). The request's deadline does not cut it short: it only stops
 /// new attempts after the first retry.
@@ -184,10 +195,60 @@ async fn drive(
     peer: &HttpPeer,
 ) -> Drive {
     let deadline = first_content_deadline(ctx);
+    let mut upstream = match call(session, ctx, connector, peer, deadline).await {
+        Ok(up) => up,
+        Err(drive) => return drive,
+    };
+    let Some(header) = upstream.response_header() else {
+        let sent = Sent::NoHeader {
+            outcome: Outcome::Reset,
+            reused: false,
+            written: true,
+        };
+        return after(settle::on(ctx, sent));
+    };
+    let mut header = header.clone();
+    let verdict = response::read_header(ctx, &mut header);
+    let step = settle::apply(ctx, verdict);
+    if let Step::Again | Step::Answer(_) = step {
+        return after(step);
+    }
+    // From here reads are bounded by the hold, then by the idle timeout: not by the peer's
+    // per-read TTFB timeout.
+    upstream.set_read_timeout(None);
+    let mut held = BytesMut::new();
+    // A refusal (relayed, or read first under a policy that fails over on client errors).
+    let refusal = !header.status.is_success();
+    let ended = if refusal {
+        read_refusal(ctx, &mut upstream, &mut held).await;
+        if verdict == Verdict::Pending {
+            return after(settle::on(ctx, response::refusal_read(ctx)));
+        }
+        true
+    } else {
+        match read_to_commit(ctx, &mut upstream, deadline, &mut held).await {
+            Ok(ended) => ended,
+            Err(drive) => return drive,
+        }
+    };
+    commit(
+        session, ctx, runtime, connector, peer, upstream, header, held, ended,
+    )
+    .await
+}
+
+/// Connect (or take a pooled connection), send the request, read the response header, all
+/// within the first-content deadline; a failure on the way is judged and applied.
+async fn call(
+    session: &Session,
+    ctx: &mut RequestCtx,
+    connector: &Connector,
+    peer: &HttpPeer,
+    deadline: Instant,
+) -> Result<UpstreamSession, Drive> {
     let mut request = session.req_header().clone();
     if attempt::rewrite_request_header(ctx, &mut request).is_err() {
-        let verdict = verdicts::judge(Sent::Connect(Outcome::LocalError), terms(ctx), false);
-        return after(settle::apply(ctx, verdict));
+        return Err(after(settle::on(ctx, Sent::Connect(Outcome::LocalError))));
     }
     // The upstream leg is HTTP/1.1 whatever the caller spoke.
     request.set_version(http::Version::HTTP_11);
@@ -197,168 +258,127 @@ async fn drive(
         .and_then(|a| a.attempts.body.as_ref())
         .map(|b| b.bytes.clone())
         .unwrap_or_default();
-
-    // Connect, send, and read the response header, all within the first-content deadline.
-    let sent = timeout_at(deadline, send(connector, peer, request, body)).await;
-    let mut upstream = match sent {
-        Err(_) => {
-            let outcome = if held_stream(ctx) {
-                Outcome::FirstChunkTimeout
-            } else {
-                Outcome::Timeout
-            };
-            let verdict = verdicts::judge(
-                Sent::NoHeader {
-                    outcome,
-                    reused: false,
-                    written: true,
-                },
-                terms(ctx),
-                false,
-            );
-            return after(settle::apply(ctx, verdict));
-        }
-        Ok(Err(SendError::Connect(e))) => {
-            let outcome = verdicts::classify_connect_error(&e);
-            if outcome == Outcome::LocalError {
-                super::fast::warn_local_resource();
-            }
-            let verdict = verdicts::judge(Sent::Connect(outcome), terms(ctx), false);
-            return after(settle::apply(ctx, verdict));
-        }
+    let sent = match timeout_at(deadline, send(connector, peer, request, body)).await {
+        Ok(Ok(up)) => return Ok(up),
+        Ok(Err(SendError::Connect(e))) => return Err(after(settle::connect_failed(ctx, &e))),
         Ok(Err(SendError::Proxy {
             error,
             reused,
             written,
-        })) => {
-            let verdict = verdicts::judge(
-                Sent::NoHeader {
-                    outcome: verdicts::classify_proxy_error(&error),
-                    reused,
-                    written,
-                },
-                terms(ctx),
-                false,
-            );
-            return after(settle::apply(ctx, verdict));
-        }
-        Ok(Ok(up)) => up,
-    };
-    let Some(header) = upstream.response_header() else {
-        let verdict = verdicts::judge(
-            Sent::NoHeader {
-                outcome: Outcome::Reset,
-                reused: false,
-                written: true,
-            },
-            terms(ctx),
-            false,
-        );
-        return after(settle::apply(ctx, verdict));
-    };
-    let mut header = header.clone();
-    let verdict = response::read_header(ctx, &mut header);
-    let step = settle::apply(ctx, verdict);
-    if let Step::Again | Step::Answer(_) = step {
-        return after(step);
-    }
-    // A refusal (relayed, or read first under a policy that fails over on client errors).
-    let refusal = !header.status.is_success();
-    // From here reads are bounded by the hold, then by the idle timeout: not by the peer's
-    // per-read TTFB timeout.
-    upstream.set_read_timeout(None);
-
-    let mut held = BytesMut::new();
-    let mut ended = false;
-    if refusal {
-        // A refusal: read it whole (a small error body), then relay it, or — under a policy
-        // that fails over on client errors — judge it.
-        let idle = ctx.snapshot.failover.ttfb_timeout;
-        loop {
-            let mut chunk = match timeout(idle, upstream.read_response_body()).await {
-                Ok(Ok(c)) => c,
-                // An unreadable refusal is relayed as what it was.
-                _ => None,
-            };
-            let eos = chunk.is_none();
-            response::filter_body(ctx, &mut chunk, eos);
-            if let Some(c) = chunk {
-                held.extend_from_slice(&c);
-            }
-            if eos {
-                break;
-            }
-        }
-        if verdict == Verdict::Pending {
-            let verdict = response::judge_refusal(ctx);
-            return after(settle::apply(ctx, verdict));
-        }
-        ended = true;
-    } else {
-        // An answer: read until its commit point.
-        let whole = terms(ctx).commit_at == CommitAt::WholeBody;
-        let idle = ctx.snapshot.failover.ttfb_timeout;
-        let mut upstream_bytes = 0usize;
-        loop {
-            let read = if whole {
-                timeout(idle, upstream.read_response_body()).await
+        })) => Sent::NoHeader {
+            outcome: verdicts::classify_proxy_error(&error),
+            reused,
+            written,
+        },
+        Err(_) => Sent::NoHeader {
+            outcome: if terms(ctx).commit_at == CommitAt::FirstContent {
+                Outcome::FirstChunkTimeout
             } else {
-                timeout_at(deadline, upstream.read_response_body()).await
-            };
-            let (mut chunk, end) = match read {
-                Err(_) => {
-                    let outcome = if whole {
-                        Outcome::Timeout
-                    } else {
-                        Outcome::FirstChunkTimeout
-                    };
-                    (None, BodyEnd::Broken(outcome))
-                }
-                Ok(Err(e)) => (None, BodyEnd::Broken(verdicts::classify_proxy_error(&e))),
-                Ok(Ok(None)) => (None, BodyEnd::Complete),
-                Ok(Ok(Some(c))) => {
-                    upstream_bytes += c.len();
-                    (Some(c), BodyEnd::Open)
-                }
-            };
-            if !matches!(end, BodyEnd::Broken(_)) {
-                response::filter_body(ctx, &mut chunk, end == BodyEnd::Complete);
-            }
-            if let Some(c) = chunk {
-                held.extend_from_slice(&c);
-            }
-            let verdict = response::judge_body(ctx, end);
-            match settle::apply(ctx, verdict) {
-                Step::Continue if whole && upstream_bytes > HELD_BODY_LIMIT => {
-                    // Too large to hold: it commits at its header and is relayed as it comes.
-                    settle::apply(ctx, Verdict::Commit);
-                    break;
-                }
-                Step::Continue => {}
-                Step::Commit => {
-                    ended = end == BodyEnd::Complete;
-                    break;
-                }
-                Step::Refuse => {
-                    // The provider refused the request in-band, before any content: answered
-                    // as the refusal it is (nothing was committed, so it gets a proper status).
-                    return Drive::Answer(GatewayError::new(
-                        ErrorCode::InvalidRequest,
-                        "the provider rejected the request as invalid; check the request parameters",
-                    ));
-                }
-                step => return after(step),
-            }
+                Outcome::Timeout
+            },
+            reused: false,
+            written: true,
+        },
+    };
+    Err(after(settle::on(ctx, sent)))
+}
+
+/// A refusal's body, read whole (a small error body) through its relay, which rewrites it in
+/// signalbox's words. An unreadable refusal is relayed as what it was.
+async fn read_refusal(ctx: &mut RequestCtx, upstream: &mut UpstreamSession, held: &mut BytesMut) {
+    let idle = ctx.snapshot.failover.ttfb_timeout;
+    loop {
+        let mut chunk = match timeout(idle, upstream.read_response_body()).await {
+            Ok(Ok(c)) => c,
+            _ => None,
+        };
+        let eos = chunk.is_none();
+        response::filter_body(ctx, &mut chunk, eos);
+        if let Some(c) = chunk {
+            held.extend_from_slice(&c);
+        }
+        if eos {
+            return;
         }
     }
+}
 
-    // Commit: the header (with the routing headers), then what was held.
+/// An answer read up to its commit point: `Ok(true)` when it is complete, `Ok(false)` when it
+/// commits with more to come (a held stream's first content, a whole answer too large to
+/// hold), `Err` when the attempt failed or was refused before it.
+async fn read_to_commit(
+    ctx: &mut RequestCtx,
+    upstream: &mut UpstreamSession,
+    deadline: Instant,
+    held: &mut BytesMut,
+) -> Result<bool, Drive> {
+    let whole = terms(ctx).commit_at == CommitAt::WholeBody;
+    let idle = ctx.snapshot.failover.ttfb_timeout;
+    let mut upstream_bytes = 0usize;
+    loop {
+        let read = if whole {
+            timeout(idle, upstream.read_response_body()).await
+        } else {
+            timeout_at(deadline, upstream.read_response_body()).await
+        };
+        let (mut chunk, end) = match read {
+            Err(_) if whole => (None, BodyEnd::Broken(Outcome::Timeout)),
+            Err(_) => (None, BodyEnd::Broken(Outcome::FirstChunkTimeout)),
+            Ok(Err(e)) => (None, BodyEnd::Broken(verdicts::classify_proxy_error(&e))),
+            Ok(Ok(None)) => (None, BodyEnd::Complete),
+            Ok(Ok(Some(c))) => {
+                upstream_bytes += c.len();
+                (Some(c), BodyEnd::Open)
+            }
+        };
+        if !matches!(end, BodyEnd::Broken(_)) {
+            response::filter_body(ctx, &mut chunk, end == BodyEnd::Complete);
+        }
+        if let Some(c) = chunk {
+            held.extend_from_slice(&c);
+        }
+        match settle::apply(ctx, response::judge_body(ctx, end)) {
+            Step::Continue if whole && upstream_bytes > HELD_BODY_LIMIT => {
+                // Too large to hold: it commits at its header and is relayed as it comes.
+                settle::apply(ctx, Verdict::Commit);
+                return Ok(false);
+            }
+            Step::Continue => {}
+            Step::Commit => return Ok(end == BodyEnd::Complete),
+            // The provider refused the request in-band, before any content: answered as the
+            // refusal it is (nothing was committed, so it gets a proper status).
+            Step::Refuse => {
+                return Err(Drive::Answer(GatewayError::new(
+                    ErrorCode::InvalidRequest,
+                    "the provider rejected the request as invalid; check the request parameters",
+                )))
+            }
+            step => return Err(after(step)),
+        }
+    }
+}
+
+/// The commit: the header (with the routing headers), then what was held; a complete answer
+/// ends here, a stream is relayed on.
+#[allow(clippy::too_many_arguments)]
+async fn commit(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    runtime: &Runtime,
+    connector: &Connector,
+    peer: &HttpPeer,
+    upstream: UpstreamSession,
+    mut header: ResponseHeader,
+    held: BytesMut,
+    ended: bool,
+) -> Drive {
+    let refusal = !header.status.is_success();
     response::commit_header(ctx, &mut header);
-    if header.status.is_success() {
+    if !refusal {
         planning::bind_session(runtime, ctx);
     }
     if let Err(e) = session.write_response_header(Box::new(header), false).await {
-        settle::settle_open(ctx, Outcome::Cancelled);
+        settle::cancelled(ctx);
         return Drive::Aborted(e.into_down());
     }
     if ended {
@@ -368,7 +388,7 @@ async fn drive(
             settle::apply(ctx, verdict);
         }
         if let Err(e) = session.write_response_body(body, true).await {
-            settle::settle_open(ctx, Outcome::Cancelled);
+            settle::cancelled(ctx);
             return Drive::Aborted(e.into_down());
         }
         connector
@@ -381,25 +401,11 @@ async fn drive(
             .write_response_body(Some(held.freeze()), false)
             .await
         {
-            settle::settle_open(ctx, Outcome::Cancelled);
+            settle::cancelled(ctx);
             return Drive::Aborted(e.into_down());
         }
     }
     relay(session, ctx, connector, peer, upstream).await
-}
-
-fn terms(ctx: &RequestCtx) -> verdicts::Terms {
-    ctx.admitted.as_ref().map_or(
-        verdicts::Terms {
-            commit_at: CommitAt::WholeBody,
-            failover_on_client_error: false,
-        },
-        |a| a.terms,
-    )
-}
-
-fn held_stream(ctx: &RequestCtx) -> bool {
-    terms(ctx).commit_at == CommitAt::FirstContent
 }
 
 /// After the commit: relay every chunk as it comes, each read bounded by the idle timeout.
@@ -447,7 +453,7 @@ async fn relay(
         };
         if let Err(e) = session.write_response_body(chunk, eos).await {
             // The caller went away mid-stream: cancelled, never the provider's failure.
-            settle::settle_open(ctx, Outcome::Cancelled);
+            settle::cancelled(ctx);
             return Drive::Aborted(e.into_down());
         }
         if eos {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use pingora_error::{Error, ErrorSource};
 
 use super::ctx::{AttemptRecord, RequestCtx};
-use crate::attempt::{BodyEnd, Outcome, Verdict};
+use crate::attempt::{BodyEnd, Outcome};
 use crate::ledger::{Ledger, LedgerRow};
 use crate::metrics::{
     status_class_index, Metrics, TOKENS_CACHE_READ, TOKENS_CACHE_WRITE, TOKENS_COMPLETION,
@@ -44,12 +44,12 @@ fn settle_open_attempt(ctx: &mut RequestCtx, e: Option<&Error>) {
         return;
     }
     let upstream_broke = e.is_some_and(|e| e.esource() != &ErrorSource::Downstream);
-    let verdict = if upstream_broke && ctx.downstream.is_committed() {
-        super::response::judge_body(ctx, BodyEnd::Broken(Outcome::Reset))
+    if upstream_broke && ctx.downstream.is_committed() {
+        let verdict = super::response::judge_body(ctx, BodyEnd::Broken(Outcome::Reset));
+        super::settle::apply(ctx, verdict);
     } else {
-        Verdict::Ended(Outcome::Cancelled)
-    };
-    super::settle::settle_open(ctx, verdict.outcome().unwrap_or(Outcome::Cancelled));
+        super::settle::cancelled(ctx);
+    }
 }
 
 fn count(ctx: &RequestCtx, cost: u64) {

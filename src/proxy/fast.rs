@@ -21,7 +21,7 @@ use super::planning::{no_target_error, plan_env};
 use super::settle::{self, Step};
 use super::{attempt, planning, respond, response};
 use crate::adapters::relay::stream_error_event;
-use crate::attempt::{self as verdicts, BodyEnd, Outcome, Sent, Verdict};
+use crate::attempt::{self as verdicts, BodyEnd, Sent, Verdict};
 use crate::error::{ErrorCode, GatewayError};
 use crate::snapshot::Runtime;
 
@@ -64,31 +64,11 @@ pub async fn peer(ctx: &mut RequestCtx) -> pingora_error::Result<Box<HttpPeer>> 
     attempt::begin(snapshot, a)
 }
 
-/// Apply a failure verdict; whether Pingora should run another attempt.
-fn retry_after(ctx: &mut RequestCtx, verdict: Verdict) -> bool {
-    matches!(settle::apply(ctx, verdict), Step::Again)
-}
-
 /// `fail_to_connect`: classify, judge, settle.
 pub fn on_connect_failure(ctx: &mut RequestCtx, mut e: Box<Error>) -> Box<Error> {
-    let outcome = verdicts::classify_connect_error(&e);
-    if outcome == Outcome::LocalError {
-        warn_local_resource();
-    }
-    let verdict = verdicts::judge(Sent::Connect(outcome), terms(ctx), false);
-    let retry = retry_after(ctx, verdict);
+    let retry = matches!(settle::connect_failed(ctx, &e), Step::Again);
     e.set_retry(retry);
     e
-}
-
-fn terms(ctx: &RequestCtx) -> verdicts::Terms {
-    ctx.admitted.as_ref().map_or(
-        verdicts::Terms {
-            commit_at: verdicts::CommitAt::Header,
-            failover_on_client_error: false,
-        },
-        |a| a.terms,
-    )
 }
 
 /// `upstream_response_filter`: judge the status. A failover status returns `Err` before the
@@ -164,7 +144,7 @@ pub fn on_proxy_error(
     if committed(session, ctx) {
         // Bytes reached the client: never another attempt.
         let verdict = if downstream {
-            Verdict::Ended(Outcome::Cancelled)
+            settle::judge_sent(ctx, Sent::Cancelled)
         } else {
             // Pingora's per-read timeout is the idle gap between chunks here.
             ctx.downstream
@@ -181,23 +161,21 @@ pub fn on_proxy_error(
     }
     if downstream {
         // The client went away: not the upstream's fault, nothing to retry for.
-        settle::apply(ctx, Verdict::Ended(Outcome::Cancelled));
+        settle::cancelled(ctx);
         e.set_retry(false);
         return e;
     }
     // Pingora reports a failed upstream write as such: the request was not (wholly) written.
     let written = !matches!(e.etype(), ErrorType::WriteError | ErrorType::WriteTimedout);
-    let verdict = verdicts::judge(
+    let step = settle::on(
+        ctx,
         Sent::NoHeader {
             outcome: verdicts::classify_proxy_error(&e),
             reused: client_reused,
             written,
         },
-        terms(ctx),
-        false,
     );
-    let retry = retry_after(ctx, verdict);
-    e.set_retry(retry);
+    e.set_retry(matches!(step, Step::Again));
     e
 }
 
@@ -287,20 +265,5 @@ pub async fn answer(session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> F
             can_reuse_downstream: reusable,
         },
         Err(_) => closed,
-    }
-}
-
-/// Log that the gateway ran out of a local resource, at most once a second (it happens in
-/// bursts, under exactly the load where a log flood hurts most).
-pub(super) fn warn_local_resource() {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    if LAST.swap(now, Ordering::Relaxed) != now {
-        tracing::warn!(
-            "cannot open an upstream connection: the gateway is out of file descriptors, ports or memory (raise LimitNOFILE / ulimit -n); providers are not blamed"
-        );
     }
 }

@@ -11,7 +11,7 @@ use super::body::{self, BodyError, Framing};
 use super::ctx::RequestCtx;
 use super::{access, driven, planning, respond};
 use crate::adapters::caller::CallerRequest;
-use crate::adapters::surface::{Dialect, Surface};
+use crate::catalog::surface::{Dialect, Surface};
 use crate::error::{ErrorCode, GatewayError};
 use crate::metrics::Metrics;
 use crate::snapshot::{Runtime, Snapshot};

@@ -17,11 +17,11 @@ use pingora_proxy::Session;
 use super::ctx::{Admitted, Attempts, NextTarget, RequestCtx};
 use super::{access, respond};
 use crate::adapters::caller::CallerRequest;
-use crate::adapters::surface::{Conversion, Surface};
 use crate::attempt::{
     Advance, CommitAt, FailureLog, NoCall, RetryOn, RetryRules, SameTarget, Terms,
 };
 use crate::catalog::stable_hash;
+use crate::catalog::surface::{Conversion, Surface};
 use crate::error::{ErrorCode, GatewayError};
 use crate::health::HealthRegistry;
 use crate::routing::decide::{self, SteeringHeaders, Via};

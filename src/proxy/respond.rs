@@ -11,7 +11,7 @@ use pingora_proxy::Session;
 
 use super::ctx::{Downstream, RequestCtx};
 use crate::adapters::chat_messages::gateway_error_to_anthropic;
-use crate::adapters::surface::Dialect;
+use crate::catalog::surface::Dialect;
 use crate::error::GatewayError;
 use crate::keys::ClientKey;
 use crate::routing::decide::{Routed, Via};

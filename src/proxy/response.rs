@@ -14,9 +14,11 @@ use pingora_http::ResponseHeader;
 use super::ctx::{Broke, Downstream, RequestCtx};
 use super::respond;
 use crate::adapters::caller::CallerRequest;
+use crate::adapters::chat_messages::BadUpstream;
 use crate::adapters::relay::{is_context_length_error, stream_error_event, Relay, Reply};
-use crate::adapters::surface::Conversion;
-use crate::attempt::{self, BodyEnd, Outcome, Sent, Verdict};
+use crate::adapters::stream::InbandError;
+use crate::attempt::{self, BodyEnd, Outcome, ProviderError, Sent, Shown, Unreadable, Verdict};
+use crate::catalog::surface::Conversion;
 use crate::limits::provider::exhausted_for;
 
 /// Response headers of the provider that describe its account, not the answer.
@@ -181,16 +183,15 @@ pub fn filter_body(ctx: &mut RequestCtx, body: &mut Option<Bytes>, end_of_stream
     }
 }
 
-/// The body so far, judged (`committed`: the caller already has the header).
+/// The body so far, judged (committed or not, as the caller's side stands).
 pub fn judge_body(ctx: &RequestCtx, end: BodyEnd) -> Verdict {
     let Some(a) = &ctx.admitted else {
         return Verdict::Ended(Outcome::Cancelled);
     };
-    let relay = &a.attempts.relay;
+    let shown = shown(&a.attempts.relay);
     attempt::judge(
         Sent::Body {
-            signals: relay.signals(),
-            bad: relay.bad_upstream(),
+            shown: &shown,
             sse: a.attempts.sse,
             end,
         },
@@ -199,17 +200,35 @@ pub fn judge_body(ctx: &RequestCtx, end: BodyEnd) -> Verdict {
     )
 }
 
-/// The refusal's whole body, judged (a policy that fails over on client errors read it).
-pub fn judge_refusal(ctx: &RequestCtx) -> Verdict {
-    let Some(a) = &ctx.admitted else {
-        return Verdict::Ended(Outcome::Cancelled);
-    };
-    let context_length = a
-        .attempts
-        .relay
-        .refused_body()
-        .is_some_and(is_context_length_error);
-    attempt::judge(Sent::Refusal { context_length }, a.terms, false)
+/// What the relay read of the body, in the verdict's words.
+fn shown(relay: &Relay) -> Shown {
+    let signals = relay.signals();
+    Shown {
+        content: signals.content,
+        terminal: signals.terminal,
+        error: signals.error.map(|e| match e {
+            InbandError::Overloaded => ProviderError::Overloaded,
+            InbandError::Server => ProviderError::Server,
+            InbandError::InvalidRequest => ProviderError::InvalidRequest,
+        }),
+        empty_choices: signals.empty_choices,
+        unreadable: relay.bad_upstream().map(|b| match b {
+            BadUpstream::EmptyChoices => Unreadable::EmptyChoices,
+            BadUpstream::NotJson | BadUpstream::Malformed(_) => Unreadable::Malformed,
+        }),
+    }
+}
+
+/// A refusal's whole body as the verdict reads it (a policy that fails over on client errors
+/// read it first): whether it says the prompt is over the context window.
+pub fn refusal_read(ctx: &RequestCtx) -> Sent<'static> {
+    let context_length = ctx.admitted.as_ref().is_some_and(|a| {
+        a.attempts
+            .relay
+            .refused_body()
+            .is_some_and(is_context_length_error)
+    });
+    Sent::Refusal { context_length }
 }
 
 /// A committed body's last chunk: how the attempt ended. A stream that ended without its

@@ -13,7 +13,7 @@ use std::time::Instant;
 use super::ctx::{Admitted, NextTarget, RequestCtx, Served};
 use super::planning::{next_target, no_target_error, plan_env};
 use crate::attempt::schedule::{self, Failed};
-use crate::attempt::{Next, Outcome, Scope, Verdict};
+use crate::attempt::{self, CommitAt, Next, Outcome, Scope, Sent, Terms, Verdict};
 use crate::error::{ErrorCode, GatewayError};
 use crate::health::{Admission, Observation};
 use crate::routing::lead::splitmix64;
@@ -35,6 +35,50 @@ pub enum Step {
     Again,
     /// No further attempt: answer this.
     Answer(GatewayError),
+}
+
+/// Judge what the provider sent on the live attempt (under the request's terms, committed or
+/// not) and apply the verdict.
+pub fn on(ctx: &mut RequestCtx, sent: Sent<'_>) -> Step {
+    let verdict = judge_sent(ctx, sent);
+    apply(ctx, verdict)
+}
+
+/// The verdict on what the provider sent, under the request's terms.
+pub fn judge_sent(ctx: &RequestCtx, sent: Sent<'_>) -> Verdict {
+    let terms = ctx.admitted.as_ref().map_or(
+        Terms {
+            commit_at: CommitAt::WholeBody,
+            failover_on_client_error: false,
+        },
+        |a| a.terms,
+    );
+    attempt::judge(sent, terms, ctx.downstream.is_committed())
+}
+
+/// The connection could not be made: classified (a local resource running out is logged, and
+/// never blamed on the provider), judged and applied.
+pub fn connect_failed(ctx: &mut RequestCtx, e: &pingora_error::Error) -> Step {
+    let outcome = attempt::classify_connect_error(e);
+    if outcome == Outcome::LocalError {
+        warn_local_resource();
+    }
+    on(ctx, Sent::Connect(outcome))
+}
+
+/// Log that the gateway ran out of a local resource, at most once a second (it happens in
+/// bursts, under exactly the load where a log flood hurts most).
+fn warn_local_resource() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if LAST.swap(now, Ordering::Relaxed) != now {
+        tracing::warn!(
+            "cannot open an upstream connection: the gateway is out of file descriptors, ports or memory (raise LimitNOFILE / ulimit -n); providers are not blamed"
+        );
+    }
 }
 
 /// Apply a verdict on the live attempt.
@@ -201,12 +245,10 @@ fn settle(a: &mut Admitted, outcome: Outcome) {
     });
 }
 
-/// Settle the live attempt, if one is still open when the request ends: the caller went away
-/// (or the request ended some other way no driver judged).
-pub fn settle_open(ctx: &mut RequestCtx, outcome: Outcome) {
-    if let Some(a) = ctx.admitted.as_mut() {
-        settle(a, outcome);
-    }
+/// The caller went away during the live attempt (if one is open): never the provider's
+/// failure.
+pub fn cancelled(ctx: &mut RequestCtx) {
+    on(ctx, Sent::Cancelled);
 }
 
 /// The context window the next candidate must exceed after a context-length refusal: the

@@ -32,13 +32,13 @@
 //! first eligible candidate in ranked order, healthy or not. `x-llm-fallback` is `true` when
 //! another candidate served, whether the first failed or was skipped without a call.
 
-use crate::adapters::surface::Surface;
+use crate::catalog::surface::Surface;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::lead::{self, splitmix64};
 use super::scoring::cost_micro;
-use crate::adapters::openai::Needs;
+use crate::adapters::facts::Needs;
 use crate::attempt::{Advance, NoCall};
 use crate::catalog::stable_hash;
 use crate::catalog::{Catalog, Deployment, DeploymentIdx, ProviderIdx};

@@ -10,7 +10,7 @@
 //! with its reason, and the order the attempts would take if each failed. `POST
 //! /admin/explain` returns it; `signalbox explain` prints it.
 
-use crate::adapters::surface::Surface;
+use crate::catalog::surface::Surface;
 use bytes::Bytes;
 use serde_json::{json, Value};
 

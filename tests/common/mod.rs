@@ -165,6 +165,24 @@ impl GatewayBuilder {
     }
 
     pub fn start(self) -> Gateway {
+        // Ports are picked free and released before the gateway binds them, so a mock (or
+        // another test's gateway) starting at the same moment can take one first: then the
+        // gateway cannot bind, or its "proxy" answers as someone else. Such a start is retried
+        // on fresh ports.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.try_start() {
+                Ok(gw) => return gw,
+                Err(Start::Collided(why)) if self.listen.is_none() && tries < 5 => {
+                    eprintln!("gateway start collided on a port ({why}); retrying");
+                }
+                Err(Start::Collided(why) | Start::Failed(why)) => panic!("{why}"),
+            }
+        }
+    }
+
+    fn try_start(&self) -> Result<Gateway, Start> {
         let dir = tempfile::tempdir().unwrap();
         let (proxy, admin) = self.listen.unwrap_or_else(|| {
             (
@@ -215,9 +233,45 @@ impl GatewayBuilder {
             dir,
             stderr_path,
         };
-        gw.wait_ready();
-        gw
+        // A plain-HTTP proxy listener can be asked who it is.
+        let plain = self.listen_extra.is_empty() && !self.verbatim;
+        gw.wait_ready(plain)?;
+        Ok(gw)
     }
+}
+
+/// The inode of the socket listening on `addr` (IPv4 loopback), from `/proc/net/tcp`.
+fn listening_inode(addr: SocketAddr) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let want = format!(":{:04X}", addr.port());
+    table.lines().skip(1).find_map(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        let (local, state, inode) = (cols.get(1)?, cols.get(3)?, cols.get(9)?);
+        (local.ends_with(&want) && *state == "0A")
+            .then(|| inode.parse().ok())
+            .flatten()
+    })
+}
+
+/// Whether process `pid` holds the socket listening on `addr` (its `/proc/PID/fd` links to
+/// it): a port taken by someone else first is not the gateway's.
+fn listens_on(pid: u32, addr: SocketAddr) -> bool {
+    let Some(inode) = listening_inode(addr) else {
+        return false;
+    };
+    let want = format!("socket:[{inode}]");
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+        fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|target| target.to_string_lossy() == want)
+        })
+    })
+}
+
+/// Why a gateway did not start.
+enum Start {
+    /// One of its ports was taken by someone else: worth another try on fresh ports.
+    Collided(String),
+    Failed(String),
 }
 
 impl Gateway {
@@ -225,27 +279,47 @@ impl Gateway {
         GatewayBuilder::new(config).start()
     }
 
-    fn wait_ready(&mut self) {
+    /// Wait until the admin listener answers and the proxy listener accepts (and, when `ask`,
+    /// is this process's own socket, not another's that took the port first).
+    fn wait_ready(&mut self, ask: bool) -> Result<(), Start> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "gateway exited during startup ({status}):\n{}",
-                    self.stderr()
-                );
+                let log = self.stderr();
+                let why = format!("gateway exited during startup ({status}):\n{log}");
+                return Err(if log.contains("in use") {
+                    Start::Collided(why)
+                } else {
+                    Start::Failed(why)
+                });
             }
             let admin_up = http_get_blocking(self.admin, "/healthz").is_some_and(|(s, _)| s == 200);
             let proxy_up =
                 std::net::TcpStream::connect_timeout(&self.proxy, Duration::from_millis(100))
                     .is_ok();
             if admin_up && proxy_up {
-                return;
+                if !ask || listens_on(self.child.id(), self.proxy) {
+                    return Ok(());
+                }
+                if listening_inode(self.proxy).is_some() {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    return Err(Start::Collided(format!(
+                        "the proxy port {} is another process's",
+                        self.proxy
+                    )));
+                }
             }
-            assert!(
-                Instant::now() < deadline,
-                "gateway not ready:\n{}",
-                self.stderr()
-            );
+            if Instant::now() >= deadline {
+                let why = format!("gateway not ready:\n{}", self.stderr());
+                return Err(if self.stderr().contains("in use") {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    Start::Collided(why)
+                } else {
+                    Start::Failed(why)
+                });
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -48,10 +48,6 @@ fn get(path: &str) -> Vec<u8> {
     format!("GET {path} HTTP/1.1\r\nHost: mock.test\r\n\r\n").into_bytes()
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 #[derive(Debug)]
 struct Resp {
     status: u16,
@@ -575,7 +571,14 @@ async fn records_headers_body_hash_model_and_stream() {
     assert_eq!(r.method, "POST");
     assert_eq!(r.path, "/v1/chat/completions?api-version=1");
     assert_eq!(r.body_len, body.len());
-    assert_eq!(r.body_sha256, hex(&Sha256::digest(body.as_bytes())));
+    assert_eq!(r.body_sha256, hex::encode(Sha256::digest(body.as_bytes())));
+    assert!(
+        r.body_sha256.len() == 64
+            && r.body_sha256
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+        "lowercase hex, as the gateway's tests compare it"
+    );
     assert_eq!(r.model.as_deref(), Some("gpt-rec"));
     assert!(r.stream);
     assert_eq!(r.behaviour, Behaviour::Ok);
@@ -626,7 +629,7 @@ async fn chunked_request_body_and_expect_continue() {
     assert_eq!(resp.json()["model"], "gpt-chunked");
     let r = &h.requests()[0];
     assert_eq!(r.body_len, body.len());
-    assert_eq!(r.body_sha256, hex(&Sha256::digest(body.as_bytes())));
+    assert_eq!(r.body_sha256, hex::encode(Sha256::digest(body.as_bytes())));
 
     // Content-Length with Expect: the 100 comes before the body is sent.
     c.send(

@@ -81,7 +81,7 @@ async fn messages_json_answer_and_what_is_recorded() {
     assert_eq!(r.header("anthropic-version"), Some("2023-06-01"));
     assert_eq!(r.header("anthropic-beta"), Some("tools-2024-04-04"));
     assert_eq!(r.body, body.as_bytes());
-    assert_eq!(r.body_sha256, hex(&Sha256::digest(body.as_bytes())));
+    assert_eq!(r.body_sha256, hex::encode(Sha256::digest(body.as_bytes())));
     assert_eq!(r.json().unwrap()["max_tokens"], 64);
     assert_eq!(r.model.as_deref(), Some("claude-x"));
     assert!(!r.stream);
@@ -933,7 +933,7 @@ async fn large_bodies_are_recorded_up_to_the_cap() {
     assert_eq!(r.body.len(), RECORDED_BODY_MAX);
     assert_eq!(r.body, body.as_bytes()[..RECORDED_BODY_MAX]);
     assert!(r.json().is_none(), "a cut body is not parsed");
-    assert_eq!(r.body_sha256, hex(&Sha256::digest(body.as_bytes())));
+    assert_eq!(r.body_sha256, hex::encode(Sha256::digest(body.as_bytes())));
 }
 
 #[tokio::test]

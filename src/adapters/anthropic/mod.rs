@@ -15,10 +15,11 @@
 //!   `event: error` of a broken stream, relayed refusals (with Anthropic's context-length
 //!   wording recognised), and `GET /v1/models`.
 //!
-//! The vocabulary is shared with Chat Completions: [`RequestBodyError`](super::openai::RequestBodyError),
-//! [`RoutingOverride`](super::openai::RoutingOverride), [`Needs`](super::openai::Needs) and
-//! [`Complexity`](super::openai::Complexity) come from `openai`, and the JSON body rewrite is
-//! the Chat Completions one.
+//! The vocabulary is shared with Chat Completions: the body's envelope (its scan, the
+//! [`RequestBodyError`](super::envelope::RequestBodyError) refusals and the body rewrite) is
+//! [`envelope`](super::envelope)'s, and what routing reads —
+//! [`RoutingOverride`](super::facts::RoutingOverride), [`Needs`](super::facts::Needs),
+//! [`Complexity`](super::facts::Complexity) — is [`facts`](super::facts)'.
 
 /// The Anthropic API version signalbox writes translated requests (and health probes) for, and
 /// sends when an Anthropic caller named none.

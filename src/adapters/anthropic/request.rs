@@ -11,19 +11,17 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use crate::adapters::json::{self, JsonError, Scan};
-use crate::adapters::openai::{
-    Complexity, Needs, RequestBodyError, RoutingOverride, MAX_ROUTING_PROVIDERS,
+use crate::adapters::envelope::{
+    non_empty_array, type_is, Envelope, RequestBodyError, Typed, COMMON_KEYS,
 };
+use crate::adapters::facts::{Complexity, Needs, RoutingOverride};
+use crate::adapters::json::Scan;
 
-// The keys both endpoints read come first, so a count-tokens scan is a prefix of these.
-const WANT_MODEL: usize = 0;
-const WANT_ROUTING: usize = 1;
-const WANT_MESSAGES: usize = 2;
+// The envelope's members, then what both endpoints read, so a count-tokens scan is a prefix.
 const WANT_SYSTEM: usize = 3;
 const WANT_STREAM: usize = 4;
 const WANT_MAX_TOKENS: usize = 5;
@@ -32,9 +30,9 @@ const WANT_THINKING: usize = 7;
 const WANT_OUTPUT_FORMAT: usize = 8;
 const WANT_OUTPUT_CONFIG: usize = 9;
 const MESSAGES_KEYS: &[&[u8]] = &[
-    b"model",
-    b"routing",
-    b"messages",
+    COMMON_KEYS[0],
+    COMMON_KEYS[1],
+    COMMON_KEYS[2],
     b"system",
     b"stream",
     b"max_tokens",
@@ -74,114 +72,33 @@ impl From<RequestBodyError> for MessagesBodyError {
     }
 }
 
-/// What both endpoints read: the model, the routing override, the prompt's spans.
+/// What both endpoints read: the envelope (model, routing, `messages`) and `system`.
 #[derive(Debug, Clone)]
-struct Envelope {
-    body: Bytes,
-    /// The `model` value, quotes included.
-    model: Range<usize>,
-    routing: Option<RoutingOverride>,
-    /// Bytes to delete to strip `routing`.
-    routing_removal: Option<Range<usize>>,
+struct Prompt {
+    envelope: Envelope,
     system: Option<Range<usize>>,
-    messages: Option<Range<usize>>,
 }
 
-impl Envelope {
+impl Prompt {
     /// Scan `body` for `keys` (a prefix of [`MESSAGES_KEYS`]) and read the common fields.
-    fn read(body: Bytes, keys: &[&[u8]]) -> Result<(Self, Scan), RequestBodyError> {
-        let scan = json::scan_object(&body, keys).map_err(|e| match e {
-            JsonError::Syntax(_) => RequestBodyError::NotJson,
-            JsonError::TooDeep => RequestBodyError::TooDeep,
-            JsonError::NotAnObject => RequestBodyError::NotAnObject,
-        })?;
-        // The provider may read the last duplicate while we read the first, or match keys
-        // regardless of case: refuse both.
-        if let Some(w) = scan.duplicate {
-            return Err(RequestBodyError::DuplicateKey(key_name(w)));
-        }
-        if let Some(w) = scan.alias {
-            return Err(RequestBodyError::KeyCase(key_name(w)));
-        }
-        let model = scan.get(WANT_MODEL).ok_or(RequestBodyError::MissingModel)?;
-        if body.get(model.value.start) != Some(&b'"') {
-            return Err(RequestBodyError::ModelNotString);
-        }
-        json::decode_string(&body[model.value.clone()]).ok_or(RequestBodyError::ModelNotString)?;
-        let (routing, routing_removal) = match scan.get(WANT_ROUTING) {
-            None => (None, None),
-            Some(m) => (
-                Some(parse_routing(&body[m.value.clone()])?),
-                Some(scan.removal_range(&m.span)),
-            ),
-        };
-        let span = |w: usize| scan.get(w).map(|m| m.value.clone());
-        let envelope = Envelope {
-            model: model.value.clone(),
-            routing,
-            routing_removal,
-            system: span(WANT_SYSTEM),
-            messages: span(WANT_MESSAGES),
-            body,
-        };
-        Ok((envelope, scan))
-    }
-
-    fn value(&self, scan: &Scan, w: usize) -> Option<&[u8]> {
-        scan.get(w).map(|m| &self.body[m.value.clone()])
+    fn read(body: Bytes, keys: &'static [&'static [u8]]) -> Result<(Self, Scan), RequestBodyError> {
+        let (envelope, scan) = Envelope::scan(body, keys)?;
+        let system = scan.get(WANT_SYSTEM).map(|m| m.value.clone());
+        Ok((Prompt { envelope, system }, scan))
     }
 
     fn system(&self) -> Option<&[u8]> {
-        self.system.as_ref().map(|r| &self.body[r.clone()])
-    }
-
-    fn prompt(&self) -> &[u8] {
-        match &self.messages {
-            Some(r) => &self.body[r.clone()],
-            None => &self.body,
-        }
+        self.system.as_ref().map(|r| &self.envelope.body[r.clone()])
     }
 
     /// The prompt's bytes over four, as the Chat Completions estimate: `system` and
     /// `messages` as raw JSON, or the whole body when it has neither.
     fn prompt_tokens(&self) -> u64 {
-        let len = match (&self.system, &self.messages) {
-            (None, None) => self.body.len(),
-            (s, m) => s.as_ref().map_or(0, Range::len) + m.as_ref().map_or(0, Range::len),
+        let len = match (self.system(), self.envelope.messages()) {
+            (None, None) => self.envelope.body_len(),
+            (s, m) => s.map_or(0, <[u8]>::len) + m.map_or(0, <[u8]>::len),
         };
         (len as u64).div_ceil(4)
-    }
-
-    fn model_name(&self) -> Cow<'_, str> {
-        json::decode_string(&self.body[self.model.clone()]).unwrap_or(Cow::Borrowed(""))
-    }
-
-    fn model_literal(&self) -> Bytes {
-        self.body.slice(self.model.clone())
-    }
-
-    fn body_for(&self, upstream_model_json: &[u8]) -> Bytes {
-        let literal = &self.body[self.model.clone()];
-        if literal == upstream_model_json && self.routing_removal.is_none() {
-            return self.body.clone();
-        }
-        let mut edits: [(Range<usize>, &[u8]); 2] = [
-            (self.model.clone(), upstream_model_json),
-            (self.routing_removal.clone().unwrap_or(0..0), b""),
-        ];
-        edits.sort_by_key(|(r, _)| r.start);
-        let mut out = BytesMut::with_capacity(self.body.len() + upstream_model_json.len());
-        let mut at = 0;
-        for (range, replacement) in &edits {
-            if range.is_empty() && replacement.is_empty() {
-                continue;
-            }
-            out.put_slice(&self.body[at..range.start]);
-            out.put_slice(replacement);
-            at = range.end;
-        }
-        out.put_slice(&self.body[at..]);
-        out.freeze()
     }
 }
 
@@ -190,7 +107,7 @@ impl Envelope {
 /// A Messages request body (`POST /v1/messages`), scanned once.
 #[derive(Debug, Clone)]
 pub struct MessagesRequest {
-    envelope: Envelope,
+    prompt: Prompt,
     pub stream: bool,
     pub routing: Option<RoutingOverride>,
     /// The output limit; Anthropic requires one, so a parsed request always has it.
@@ -205,13 +122,11 @@ pub struct MessagesRequest {
 
 impl MessagesRequest {
     pub fn parse(body: Bytes) -> Result<Self, MessagesBodyError> {
-        let (mut envelope, scan) = Envelope::read(body, MESSAGES_KEYS)?;
+        let (mut prompt, scan) = Prompt::read(body, MESSAGES_KEYS)?;
+        let envelope = &mut prompt.envelope;
+        let routing = envelope.routing(&scan)?;
+        let stream = envelope.stream(&scan, WANT_STREAM)?;
         let value = |w: usize| envelope.value(&scan, w);
-        let stream = match value(WANT_STREAM) {
-            None | Some(b"false" | b"null") => false,
-            Some(b"true") => true,
-            Some(_) => return Err(RequestBodyError::StreamNotBool.into()),
-        };
         let max_tokens = match value(WANT_MAX_TOKENS) {
             None | Some(b"null") => return Err(MessagesBodyError::MissingMaxTokens),
             // Digits only: Anthropic validates an integer, and `1e3` or `-1` is not one here.
@@ -227,12 +142,11 @@ impl MessagesRequest {
         let needs = Needs {
             stream,
             tools: value(WANT_TOOLS).is_some_and(non_empty_array),
-            vision: envelope.messages.is_some() && has_image_block(envelope.prompt()),
+            vision: envelope.messages().is_some_and(has_image_block),
             json_mode,
         };
-        let routing = envelope.routing.take();
         Ok(Self {
-            envelope,
+            prompt,
             stream,
             routing,
             max_tokens,
@@ -244,7 +158,7 @@ impl MessagesRequest {
     /// An estimate of the prompt's tokens: `system` and `messages` bytes over four (as
     /// [`ChatRequest::prompt_tokens`](crate::adapters::openai::ChatRequest::prompt_tokens)).
     pub fn prompt_tokens(&self) -> u64 {
-        self.envelope.prompt_tokens()
+        self.prompt.prompt_tokens()
     }
 
     /// The complexity tier, by the Chat Completions heuristic: one point each for a long
@@ -252,11 +166,7 @@ impl MessagesRequest {
     /// or `messages`, tools, and more than 6 messages.
     pub fn complexity(&self) -> Complexity {
         let tokens = self.prompt_tokens();
-        let messages = self
-            .envelope
-            .messages
-            .as_ref()
-            .map(|r| &self.envelope.body[r.clone()]);
+        let messages = self.prompt.envelope.messages();
         let fenced =
             |part: Option<&[u8]>| part.is_some_and(|p| memchr::memmem::find(p, b"```").is_some());
         let mut score = u32::from(tokens > 2_000) + u32::from(tokens > 8_000);
@@ -265,42 +175,38 @@ impl MessagesRequest {
         score += u32::from(
             messages.is_some_and(|m| memchr::memmem::find_iter(m, b"\"role\"").count() > 6),
         );
-        match score {
-            0 => Complexity::Simple,
-            1 | 2 => Complexity::Medium,
-            _ => Complexity::Complex,
-        }
+        Complexity::of_points(score)
     }
 
     /// The conversation as raw JSON (the `messages` value), or the whole body without one:
     /// what prefix affinity and sticky seeds hash, as for Chat Completions.
     pub fn prompt(&self) -> &[u8] {
-        self.envelope.prompt()
+        self.prompt.envelope.prompt()
     }
 
     /// The `system` value as raw JSON (a string or a list of text blocks), if any.
     pub fn system(&self) -> Option<&[u8]> {
-        self.envelope.system()
+        self.prompt.system()
     }
 
     /// The model name the caller sent (decoded).
     pub fn model_name(&self) -> Cow<'_, str> {
-        self.envelope.model_name()
+        self.prompt.envelope.model_name()
     }
 
     /// The model value exactly as the caller wrote it, quotes included: spliced into responses.
     pub fn model_literal(&self) -> Bytes {
-        self.envelope.model_literal()
+        self.prompt.envelope.model_literal()
     }
 
     pub fn body_len(&self) -> usize {
-        self.envelope.body.len()
+        self.prompt.envelope.body_len()
     }
 
     /// The body for one attempt: `model` set to `upstream_model_json` (a JSON string literal),
     /// `routing` removed, every other byte as received.
     pub fn body_for(&self, upstream_model_json: &[u8]) -> Bytes {
-        self.envelope.body_for(upstream_model_json)
+        self.prompt.envelope.body_for(upstream_model_json, b"")
     }
 }
 
@@ -310,99 +216,41 @@ impl MessagesRequest {
 /// Messages request, with no `max_tokens` and nothing generated.
 #[derive(Debug, Clone)]
 pub struct CountTokensRequest {
-    envelope: Envelope,
+    prompt: Prompt,
     pub routing: Option<RoutingOverride>,
 }
 
 impl CountTokensRequest {
     pub fn parse(body: Bytes) -> Result<Self, RequestBodyError> {
-        let (mut envelope, _) = Envelope::read(body, COUNT_TOKENS_KEYS)?;
-        let routing = envelope.routing.take();
-        Ok(Self { envelope, routing })
+        let (mut prompt, scan) = Prompt::read(body, COUNT_TOKENS_KEYS)?;
+        let routing = prompt.envelope.routing(&scan)?;
+        Ok(Self { prompt, routing })
     }
 
     /// The same estimate as [`MessagesRequest::prompt_tokens`].
     pub fn prompt_tokens(&self) -> u64 {
-        self.envelope.prompt_tokens()
+        self.prompt.prompt_tokens()
     }
 
     pub fn model_name(&self) -> Cow<'_, str> {
-        self.envelope.model_name()
+        self.prompt.envelope.model_name()
     }
 
     pub fn model_literal(&self) -> Bytes {
-        self.envelope.model_literal()
+        self.prompt.envelope.model_literal()
     }
 
     pub fn body_len(&self) -> usize {
-        self.envelope.body.len()
+        self.prompt.envelope.body_len()
     }
 
     /// As [`MessagesRequest::body_for`].
     pub fn body_for(&self, upstream_model_json: &[u8]) -> Bytes {
-        self.envelope.body_for(upstream_model_json)
+        self.prompt.envelope.body_for(upstream_model_json, b"")
     }
 }
 
 // === helpers ===
-
-/// The name of a wanted key, for messages.
-fn key_name(w: usize) -> &'static str {
-    MESSAGES_KEYS
-        .get(w)
-        .and_then(|k| std::str::from_utf8(k).ok())
-        .unwrap_or("a routing field")
-}
-
-/// The `routing` value, validated as `ChatRequest::parse` does (`null` is no override).
-fn parse_routing(value: &[u8]) -> Result<RoutingOverride, RequestBodyError> {
-    let routing = if value == b"null" {
-        RoutingOverride::default()
-    } else {
-        serde_json::from_slice::<RoutingOverride>(value).map_err(|e| {
-            // serde's messages name fields and types, never request content beyond a key.
-            let msg = e.to_string();
-            let msg = match msg.find(" at line") {
-                Some(i) => msg[..i].to_string(),
-                None => msg,
-            };
-            RequestBodyError::BadRouting(msg)
-        })?
-    };
-    if routing
-        .providers
-        .as_ref()
-        .is_some_and(|p| p.len() > MAX_ROUTING_PROVIDERS || p.is_empty())
-    {
-        return Err(RequestBodyError::BadRouting(format!(
-            "providers must list 1 to {MAX_ROUTING_PROVIDERS} provider ids"
-        )));
-    }
-    Ok(routing)
-}
-
-/// A JSON array with at least one element.
-pub(super) fn non_empty_array(v: &[u8]) -> bool {
-    v.first() == Some(&b'[')
-        && v[1..]
-            .iter()
-            .find(|b| !b.is_ascii_whitespace())
-            .is_some_and(|b| *b != b']')
-}
-
-#[derive(Deserialize)]
-struct Typed<'a> {
-    #[serde(rename = "type", borrow)]
-    kind: Option<Cow<'a, str>>,
-}
-
-/// An object whose `type` is one of `kinds`.
-fn type_is(v: &[u8], kinds: &[&str]) -> bool {
-    serde_json::from_slice::<Typed<'_>>(v)
-        .ok()
-        .and_then(|t| t.kind)
-        .is_some_and(|k| kinds.contains(&&*k))
-}
 
 /// `output_config` asks for JSON: `{"format": {"type": "json_schema", ...}, ...}`.
 fn output_config_is_json(v: &[u8]) -> bool {
@@ -903,7 +751,7 @@ mod tests {
     fn body_for_without_edits_is_the_received_bytes() {
         let r = req(r#"{"model":"m","max_tokens":1,"messages":[]}"#).expect("valid");
         let out = r.body_for(b"\"m\"");
-        assert_eq!(out.as_ptr(), r.envelope.body.as_ptr());
+        assert_eq!(out.as_ptr(), r.prompt.envelope.body.as_ptr());
         let r = req(r#"{"routing":{},"model":"m","max_tokens":1}"#).expect("valid");
         assert_eq!(
             &r.body_for(b"\"up\"")[..],

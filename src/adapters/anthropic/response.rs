@@ -19,8 +19,8 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::Deserialize;
 
-use super::request::non_empty_array;
 use super::respond::refusal_body;
+use crate::adapters::envelope::non_empty_array;
 use crate::adapters::json;
 use crate::adapters::openai::{ResponseRewriter, StreamStats};
 use crate::adapters::stream::{InbandError, Signals};

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use super::failover::MAX_ATTEMPTS_CEILING;
 use super::models::strategy_names;
 use super::names::{Named, Namespace};
+use crate::attempt::verdict::{classify_status, StatusClass};
 use crate::config::compile::compile_condition;
 use crate::config::defaults;
 use crate::config::schema::{
@@ -64,11 +65,12 @@ fn retry(r: &RetrySection, path: &str, errs: &mut Vec<ConfigError>) -> PolicyRet
         .clone()
         .unwrap_or_else(|| defaults::RETRY_ON_STATUS.to_vec());
     for (i, &code) in on_status.iter().enumerate() {
-        let failure = code == 408 || code == 429 || (500..=599).contains(&code);
-        if !failure {
+        // The verdict's own table says which statuses are failures.
+        let failure = matches!(classify_status(code), StatusClass::Failure { .. });
+        if !failure || !(100..=599).contains(&code) {
             errs.push(ConfigError::new(
                 format!("{path}.on_status[{i}]"),
-                format!("{code} is not a failure status (408, 429 or 5xx)"),
+                format!("{code} is not a failure status (a 2xx or a caller's 4xx never retries)"),
             ));
         }
     }
@@ -836,15 +838,15 @@ policies:
         assert_eq!(retry("q").on_status, vec![502, 503, 504, 529]);
         assert_eq!(retry("q").backoff, std::time::Duration::from_millis(100));
         refused(
-            "policies:\n  p: { retry: { attempts: 9, on_status: [200, 404, 529], wait: 1s }, select: [ { router: priority, targets: [ { model: big } ] } ] }\n",
+            "policies:\n  p: { retry: { attempts: 9, on_status: [200, 400, 529], wait: 1s }, select: [ { router: priority, targets: [ { model: big } ] } ] }\n",
             &[("policies.p.retry.wait", "unknown field")],
         );
         refused(
-            "policies:\n  p: { retry: { attempts: 9, on_status: [200, 404, 529] }, select: [ { router: priority, targets: [ { model: big } ] } ] }\n",
+            "policies:\n  p: { retry: { attempts: 9, on_status: [200, 400, 529] }, select: [ { router: priority, targets: [ { model: big } ] } ] }\n",
             &[
                 ("policies.p.retry.attempts", "between 0 and 5"),
                 ("policies.p.retry.on_status[0]", "200 is not a failure status"),
-                ("policies.p.retry.on_status[1]", "404 is not a failure status"),
+                ("policies.p.retry.on_status[1]", "400 is not a failure status"),
             ],
         );
     }

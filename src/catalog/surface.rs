@@ -1,12 +1,12 @@
-//! The endpoints callers reach ([`Surface`]), the dialect each speaks, and how a provider of
-//! each kind serves it ([`Conversion`]).
+//! The endpoints of the API ([`Surface`]): the ones callers reach and the ones an attempt
+//! calls under a provider's base URL are the same six, so one type names both. Here too: the
+//! dialect each speaks, and how a provider of each kind serves it ([`Conversion`]).
 //!
 //! One failover loop serves every surface: the surface decides which providers can take the
 //! request (a candidate whose provider kind cannot serve it is skipped, reason `endpoint`),
-//! which upstream path an attempt calls, and in which dialect errors and streams reach the
-//! caller.
+//! which upstream endpoint an attempt calls ([`Surface::endpoint`], its path prepared per
+//! provider by the catalog), and in which dialect errors and streams reach the caller.
 
-pub use crate::catalog::Endpoint;
 use crate::config::ProviderKind;
 
 /// The two API dialects signalbox speaks, to callers and to providers.
@@ -18,7 +18,7 @@ pub enum Dialect {
     Anthropic,
 }
 
-/// An endpoint a caller can call.
+/// An endpoint: one a caller calls, or one an attempt calls on a provider.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Surface {
     /// `POST /v1/chat/completions`.
@@ -49,6 +49,21 @@ pub enum Conversion {
 }
 
 impl Surface {
+    /// Every endpoint, in the order of [`Surface::index`].
+    pub const ALL: [Surface; 6] = [
+        Surface::ChatCompletions,
+        Surface::Completions,
+        Surface::Responses,
+        Surface::Embeddings,
+        Surface::Messages,
+        Surface::CountTokens,
+    ];
+
+    /// The position in [`Surface::ALL`] (per-endpoint tables, such as a provider's URIs).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The surface a request path names (with or without the `/v1` prefix).
     pub fn from_path(path: &str) -> Option<Surface> {
         let path = path.strip_prefix("/v1").unwrap_or(path);
@@ -91,24 +106,31 @@ impl Surface {
         }
     }
 
-    /// The upstream endpoint an attempt calls on a provider of `kind`.
-    pub fn endpoint(self, kind: ProviderKind) -> Endpoint {
+    /// The upstream endpoint an attempt on this surface calls on a provider of `kind`.
+    pub fn endpoint(self, kind: ProviderKind) -> Surface {
         match (self, kind) {
-            (Surface::ChatCompletions, ProviderKind::Anthropic) => Endpoint::Messages,
-            (Surface::Messages, ProviderKind::OpenAi) | (Surface::ChatCompletions, _) => {
-                Endpoint::ChatCompletions
-            }
-            (Surface::Completions, _) => Endpoint::Completions,
-            (Surface::Responses, _) => Endpoint::Responses,
-            (Surface::Embeddings, _) => Endpoint::Embeddings,
-            (Surface::Messages, _) => Endpoint::Messages,
-            (Surface::CountTokens, _) => Endpoint::CountTokens,
+            (Surface::ChatCompletions, ProviderKind::Anthropic) => Surface::Messages,
+            (Surface::Messages, ProviderKind::OpenAi) => Surface::ChatCompletions,
+            (same, _) => same,
         }
     }
 
     /// Whether requests on this surface may ask for a stream.
     pub fn streams(self) -> bool {
         !matches!(self, Surface::Embeddings | Surface::CountTokens)
+    }
+
+    /// The path under a provider's base URL (which carries its own `/v1`, or whatever the
+    /// provider puts there).
+    pub fn upstream_path(self) -> &'static str {
+        match self {
+            Surface::ChatCompletions => "/chat/completions",
+            Surface::Completions => "/completions",
+            Surface::Responses => "/responses",
+            Surface::Embeddings => "/embeddings",
+            Surface::Messages => "/messages",
+            Surface::CountTokens => "/messages/count_tokens",
+        }
     }
 
     /// The caller-facing path of this surface.
@@ -185,25 +207,33 @@ mod tests {
         assert_eq!(Surface::CountTokens.served_by(OpenAi), None);
         assert_eq!(
             Surface::ChatCompletions.endpoint(Anthropic),
-            Endpoint::Messages
+            Surface::Messages
         );
-        assert_eq!(
-            Surface::Messages.endpoint(OpenAi),
-            Endpoint::ChatCompletions
-        );
-        for s in [
-            Surface::ChatCompletions,
-            Surface::Completions,
-            Surface::Responses,
-            Surface::Embeddings,
-            Surface::Messages,
-            Surface::CountTokens,
-        ] {
+        assert_eq!(Surface::Messages.endpoint(OpenAi), Surface::ChatCompletions);
+        for s in Surface::ALL {
             for k in [OpenAi, Anthropic] {
                 if s.served_by(k) == Some(Conversion::Same) {
                     assert_eq!(s.dialect() == Dialect::Anthropic, k == Anthropic);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn an_attempt_calls_its_own_endpoint_unless_translated() {
+        use ProviderKind::{Anthropic, OpenAi};
+        for (i, s) in Surface::ALL.into_iter().enumerate() {
+            assert_eq!(s.index(), i);
+            for k in [OpenAi, Anthropic] {
+                let expected = match s.served_by(k) {
+                    Some(Conversion::ChatToMessages) => Surface::Messages,
+                    Some(Conversion::MessagesToChat) => Surface::ChatCompletions,
+                    Some(Conversion::Same) | None => s,
+                };
+                assert_eq!(s.endpoint(k), expected, "{s:?} on {k:?}");
+            }
+            // A provider's base URL carries the `/v1` a caller's path has.
+            assert_eq!(format!("/v1{}", s.upstream_path()), s.endpoint_path());
         }
     }
 }

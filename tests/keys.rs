@@ -371,3 +371,110 @@ async fn every_key_of_a_user_spends_from_the_users_budget() {
     );
     assert_eq!(m.calls(), 1);
 }
+
+/// Models `cheap` (on `a`), `premium` (on `b`), `spare` (on `c`): a chain, a rule that sends a
+/// labelled `auto` to the premium chain, a policy with a fallback, a weighted pool.
+fn scoped(
+    a: &signalbox_mock::MockHandle,
+    b: &signalbox_mock::MockHandle,
+    c: &signalbox_mock::MockHandle,
+    keys: &str,
+) -> String {
+    format!(
+        "providers:\n{}{}{}models:\n  cheap: {{ deployments: [{{ provider: a, model: up-cheap }}] }}\n  premium: {{ deployments: [{{ provider: b, model: up-premium }}] }}\n  spare: {{ deployments: [{{ provider: c, model: up-spare }}] }}\n\
+         chains: {{ everyday: [cheap], top: [premium] }}\nactive_chain: everyday\n\
+         rules:\n  - {{ when: {{ metadata.team: ads }}, then: auto:top }}\n\
+         policies:\n  backed: {{ select: [ {{ router: priority, targets: [ {{ model: cheap }} ] }} ], on_failure: [premium, spare] }}\n  pool: {{ select: [ {{ router: weighted, targets: [ {{ model: premium, weight: 9 }}, {{ model: cheap, weight: 1 }} ] }} ] }}\n\
+         health: {{ failure_threshold: 100 }}\nkeys:\n{keys}",
+        provider("a", a),
+        provider("b", b),
+        provider("c", c),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keys_scope_covers_every_candidate_wherever_it_came_from() {
+    let (a, b, c) = (mock("a").await, mock("b").await, mock("c").await);
+    // The key may name auto, the policies and `cheap`/`spare`: never be served by `premium`.
+    let keys = format!(
+        "  - {{ id: narrow, key_sha256: \"{}\", allowed_models: [auto, backed, pool, cheap, spare] }}\n",
+        sha(KEY_A)
+    );
+    let gw = Gateway::start(scoped(&a, &b, &c, &keys));
+    // A rule sends the labelled request to the premium chain: refused, naming nothing.
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(KEY_A)
+        .header("x-llm-metadata", r#"{"team":"ads"}"#)
+        .json(&chat("auto"))
+        .send()
+        .await
+        .unwrap();
+    let (refused, code, message) = error_code(r).await;
+    assert_eq!((refused, code.as_str()), (403, "model_not_allowed"));
+    assert!(!message.contains("premium"), "{message}");
+    assert_eq!(b.calls(), 0);
+    // Unlabelled, auto is the everyday chain: served.
+    let r = post(&gw, Some(KEY_A), &chat("auto")).await;
+    assert_eq!(header(&r, "x-llm-provider"), "a");
+    // A policy's fallback past what the key may use: cheap fails, premium is skipped
+    // without a call, spare serves.
+    a.push_script([status(503)]);
+    let r = post(&gw, Some(KEY_A), &chat("backed")).await;
+    assert_eq!(header(&r, "x-llm-provider"), "c");
+    assert_eq!(header(&r, "x-llm-attempts"), "2");
+    assert_eq!(b.calls(), 0);
+    // A weighted pool draws among what the key may use, before its weights are normalised:
+    // premium's 9 shares are gone, every request is cheap's.
+    for _ in 0..20 {
+        let r = post(&gw, Some(KEY_A), &chat("pool")).await;
+        assert_eq!(header(&r, "x-llm-provider"), "a");
+        assert_eq!(header(&r, "x-llm-fallback"), "false");
+    }
+    assert_eq!(b.calls(), 0, "premium never called");
+    let line = r#"signalbox_skipped_candidates_total{reason="not_allowed"}"#;
+    let m = gw.metrics_with(&[line]).await;
+    assert!(m.contains(line), "{m}");
+    // Explain as that key shows the same skips and the pool's shares for it.
+    let v: Value = client()
+        .post(format!("http://{}/admin/explain?key=narrow", gw.admin))
+        .json(&chat("backed"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(v.to_string().contains("not_allowed"), "{v}");
+    let v: Value = client()
+        .post(format!("http://{}/admin/explain?key=narrow", gw.admin))
+        .json(&chat("pool"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let shares = v["via"]["shares"].as_array().unwrap();
+    assert_eq!(shares[0]["model"], "premium");
+    assert_eq!(shares[0]["share"].as_f64(), Some(0.0), "{v}");
+    assert_eq!(shares[1]["share"].as_f64(), Some(1.0), "{v}");
+    // The model list shows names the key can be served by.
+    let v: Value = client()
+        .get(gw.url("/v1/models"))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert!(ids.contains(&"cheap") && ids.contains(&"auto"), "{ids:?}");
+    assert!(!ids.contains(&"premium"), "{ids:?}");
+}

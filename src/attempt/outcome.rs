@@ -127,6 +127,8 @@ pub enum NoCall {
     RateLimited,
     /// Every candidate's deployment or provider budget is spent.
     OverBudget,
+    /// The caller's key may not use the models that could serve.
+    NotAllowed,
 }
 
 /// Classify a failure to connect (`fail_to_connect`).
@@ -271,6 +273,13 @@ impl FailureLog {
                 return GatewayError::new(
                     ErrorCode::BudgetExceeded,
                     "every candidate for this model is over its budget for the period",
+                );
+            }
+            if no_call == NoCall::NotAllowed {
+                // Says only that it is not allowed: never what would have served.
+                return GatewayError::new(
+                    ErrorCode::ModelNotAllowed,
+                    "this API key may not use the model or route it named",
                 );
             }
             if no_call == NoCall::RateLimited {

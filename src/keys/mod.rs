@@ -45,6 +45,9 @@ pub struct ClientKey {
     digest: [u8; 32],
     /// Lower-cased globs; `None`: every name.
     allowed: Option<Vec<Box<str>>>,
+    /// Per catalog model (by index): whether the globs match its name. A candidate whose model
+    /// the key may not use is skipped, wherever the plan took it from. `None`: every model.
+    models: Option<Arc<[bool]>>,
     pub rpm: Option<u32>,
     pub tpm: Option<u64>,
     pub budget: Option<BudgetConfig>,
@@ -87,6 +90,18 @@ impl ClientKey {
                 .any(|g| glob_match(g.as_bytes(), name.to_lowercase().as_bytes()));
         };
         globs.iter().any(|g| glob_match(g.as_bytes(), lower))
+    }
+
+    /// Which catalog models (by index) the key may be served by; `None`: all of them.
+    pub fn models(&self) -> Option<&Arc<[bool]>> {
+        self.models.as_ref()
+    }
+
+    /// Whether the key may be served by catalog model `model` (its index).
+    pub fn may_use(&self, model: usize) -> bool {
+        self.models
+            .as_ref()
+            .is_none_or(|m| m.get(model).copied().unwrap_or(false))
     }
 
     /// Whether the key may send a request naming these: its `model`, its `routing.policy`, and
@@ -215,11 +230,14 @@ pub struct KeyTable {
 }
 
 impl KeyTable {
-    /// Build from the config; a key whose state a previous table held keeps it. `env` reads a
-    /// `key_env` variable. Warnings name keys that cannot be used (an unset variable).
+    /// Build from the config; a key whose state a previous table held keeps it. `models` are
+    /// the catalog's model names, in catalog order (each key's globs are matched against them
+    /// once, here). `env` reads a `key_env` variable. Warnings name keys that cannot be used
+    /// (an unset variable) and keys whose globs match no catalog model.
     pub fn build(
         configs: &[ClientKeyConfig],
         user_budgets: &[(String, BudgetConfig)],
+        models: &[&str],
         previous: Option<&KeyTable>,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> (Self, Vec<String>) {
@@ -259,16 +277,33 @@ impl KeyTable {
             let state = previous
                 .and_then(|p| p.by_id(&c.id))
                 .map_or_else(Arc::default, |k| k.state.clone());
+            let allowed: Option<Vec<Box<str>>> = c
+                .allowed_models
+                .as_ref()
+                .map(|g| g.iter().map(|s| Box::from(s.as_str())).collect());
+            let may_use: Option<Arc<[bool]>> = allowed.as_ref().map(|globs| {
+                models
+                    .iter()
+                    .map(|m| {
+                        let m = m.to_ascii_lowercase();
+                        globs.iter().any(|g| glob_match(g.as_bytes(), m.as_bytes()))
+                    })
+                    .collect()
+            });
+            if may_use.as_deref().is_some_and(|m| !m.contains(&true)) {
+                warnings.push(format!(
+                    "keys: {:?}: allowed_models matches no catalog model; every request with it is refused (403)",
+                    c.id
+                ));
+            }
             table.by_digest.insert(digest, table.keys.len());
             table.keys.push(ClientKey {
                 id: Arc::from(c.id.as_str()),
                 metric,
                 user: c.user.as_deref().map(Arc::from),
                 digest,
-                allowed: c
-                    .allowed_models
-                    .as_ref()
-                    .map(|g| g.iter().map(|s| Box::from(s.as_str())).collect()),
+                allowed,
+                models: may_use,
                 rpm: c.rpm,
                 tpm: c.tpm,
                 budget: c.budget,
@@ -357,14 +392,20 @@ mod tests {
     #[test]
     fn a_key_is_found_by_its_digest_and_its_state_survives_a_rebuild() {
         let env = |_: &str| None;
-        let (t, w) = KeyTable::build(&[config("team", "sk-team")], &[], None, &env);
+        let models = ["gpt-4o-mini", "claude"];
+        let (t, w) = KeyTable::build(&[config("team", "sk-team")], &[], &models, None, &env);
         assert!(w.is_empty());
         let (i, k) = t.authenticate(b"sk-team").expect("found");
         assert_eq!((i, &*k.id), (0, "team"));
         assert!(t.authenticate(b"sk-other").is_none());
         assert!(k.allows("GPT-4o-mini") && k.allows("fast") && !k.allows("claude"));
+        // Its globs, matched against the catalog's models once.
+        assert!(k.may_use(0) && !k.may_use(1) && !k.may_use(2));
+        // A key whose globs match no model is warned about.
+        let (_, w) = KeyTable::build(&[config("team", "sk-team")], &[], &["claude"], None, &env);
+        assert!(w[0].contains("matches no catalog model"), "{w:?}");
         k.admit(100, 10).expect("first");
-        let (t2, _) = KeyTable::build(&[config("team", "sk-team")], &[], Some(&t), &env);
+        let (t2, _) = KeyTable::build(&[config("team", "sk-team")], &[], &[], Some(&t), &env);
         let k2 = t2.by_id("team").expect("kept");
         assert_eq!(k2.state.requests.used(100), 1, "a reload keeps the minute");
     }
@@ -374,7 +415,7 @@ mod tests {
         let env = |name: &str| (name == "K").then(|| "sk-env".to_string());
         let mut c = config("envkey", "");
         c.source = ClientKeySource::Env("K".into());
-        let (t, _) = KeyTable::build(&[c], &[], None, &env);
+        let (t, _) = KeyTable::build(&[c], &[], &[], None, &env);
         let (_, k) = t.authenticate(b"sk-env").expect("from the environment");
         let r = k.admit(1_000, 400).expect("1 of 2");
         k.settle(r, 1_001, Some(100), 300);
@@ -394,7 +435,7 @@ mod tests {
         let r = k.admit(1_070, 10).expect("a new minute");
         k.settle(r, 1_071, None, 300);
         assert!(matches!(k.admit(1_140, 1), Err(Refusal::BudgetExceeded(_))));
-        let missing = KeyTable::build(&[config("x", "a")], &[], None, &|_| None).0;
+        let missing = KeyTable::build(&[config("x", "a")], &[], &[], None, &|_| None).0;
         assert_eq!(missing.len(), 1);
     }
 

@@ -110,6 +110,7 @@ pub fn facts<'t>(ctx: &RequestCtx, snapshot: &'t Snapshot) -> Option<KeyFacts<'t
         id: &key.id,
         user: key.user.as_deref(),
         budget: key.budget_facts(now_s(ctx)),
+        models: key.models().map(|m| &m[..]),
     })
 }
 

@@ -137,6 +137,10 @@ pub fn plan_request(
     };
     let rankings = runtime.rankings.load();
     let mut plan = decide::plan(snapshot, &rankings, &env, &routed, facts);
+    // The key's scope covers every candidate, wherever the route took it from.
+    if let Some(models) = access::key(ctx, snapshot).and_then(|k| k.models()) {
+        plan.restrict_models(models.clone());
+    }
     let first = next_target(&mut plan, &env, &snapshot.health, Advance::NextDeployment);
     // Whether a candidate speaks the other dialect: only looked for when the catalog has a
     // provider that would (a handful of providers, not every candidate, on the common path).

@@ -65,9 +65,24 @@ pub async fn write_error(
 /// dialect (an Anthropic SDK, which sends `anthropic-version`, gets Anthropic's list shape).
 pub fn models_body(snapshot: &Snapshot, dialect: Dialect, key: Option<&ClientKey>) -> Bytes {
     let mut ids = snapshot.public_model_ids();
-    // A key sees only the names it may use.
+    // A key sees only the names it may send that something it may be served by stands behind
+    // (a policy's models depend on the request: its name is enough).
     if let Some(key) = key {
-        ids.retain(|id| key.allows(id));
+        ids.retain(|id| {
+            key.allows(id)
+                && match crate::routing::resolve(snapshot, id) {
+                    Ok(res) => res.route().is_none_or(|r| {
+                        snapshot.route(r).candidates.iter().any(|d| {
+                            snapshot
+                                .catalog
+                                .deployment(*d)
+                                .model
+                                .is_none_or(|m| key.may_use(m.get()))
+                        })
+                    }),
+                    Err(_) => false,
+                }
+        });
     }
     if dialect == Dialect::Anthropic {
         return crate::adapters::anthropic::models_list(&ids);

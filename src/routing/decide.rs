@@ -169,6 +169,9 @@ pub struct KeyFacts<'a> {
     pub user: Option<&'a str>,
     /// `budget.used_pct` and `budget.remaining_usd`, when the key has a budget.
     pub budget: Option<(f64, f64)>,
+    /// The catalog models (by index) the key may be served by; `None`: all. A weighted pool
+    /// draws among the ones it may use, and the plan skips the others.
+    pub models: Option<&'a [bool]>,
 }
 
 /// The facts conditions read, from one request.
@@ -364,15 +367,19 @@ fn policy_route(
 ) -> (RouteIdx, Option<Arc<Deployment>>, Via) {
     let request = steering.request;
     let unit = unit_draw(steering.seed);
-    let selection = tables
-        .policy(p)
-        .select(facts, steering.router_off, unit, || {
-            match request.complexity() {
-                Complexity::Simple => 0,
-                Complexity::Medium => 1,
-                Complexity::Complex => 2,
-            }
-        });
+    let models = steering.key.as_ref().and_then(|k| k.models);
+    let may_use = |m: usize| models.is_none_or(|ms| ms.get(m).copied().unwrap_or(false));
+    let selection = tables.policy(p).select(
+        facts,
+        steering.router_off,
+        unit,
+        || match request.complexity() {
+            Complexity::Simple => 0,
+            Complexity::Medium => 1,
+            Complexity::Complex => 2,
+        },
+        &may_use,
+    );
     (
         selection.route,
         None,

@@ -58,6 +58,8 @@ pub enum SkipReason {
     Unresolved,
     /// Left out by the request's `routing.providers`.
     Excluded,
+    /// Its model is outside the caller key's `allowed_models`.
+    NotAllowed,
     /// Its provider's API cannot serve the endpoint the caller called (embeddings on an
     /// Anthropic provider, token counting on an OpenAI one).
     Endpoint,
@@ -86,11 +88,12 @@ pub enum SkipReason {
 }
 
 impl SkipReason {
-    pub const ALL: [SkipReason; 17] = [
+    pub const ALL: [SkipReason; 18] = [
         SkipReason::ProviderDisabled,
         SkipReason::NoCredential,
         SkipReason::Unresolved,
         SkipReason::Excluded,
+        SkipReason::NotAllowed,
         SkipReason::Endpoint,
         SkipReason::NeedsStream,
         SkipReason::NeedsTools,
@@ -113,6 +116,7 @@ impl SkipReason {
             SkipReason::NoCredential => "no_credential",
             SkipReason::Unresolved => "unresolved",
             SkipReason::Excluded => "routing_override",
+            SkipReason::NotAllowed => "not_allowed",
             SkipReason::Endpoint => "endpoint",
             SkipReason::NeedsStream => "capability:stream",
             SkipReason::NeedsTools => "capability:tools",
@@ -221,6 +225,8 @@ pub struct Plan {
     facts: RequestFacts,
     /// Providers the request allowed (`routing.providers`); `None` = all.
     allowed: Option<Vec<ProviderIdx>>,
+    /// Catalog models the caller's key may be served by (by index); `None` = all.
+    models: Option<Arc<[bool]>>,
     /// How many leading candidates a lead pick may choose among (a policy's selected model,
     /// not its fallbacks).
     lead_span: usize,
@@ -262,6 +268,7 @@ impl Plan {
             strategy,
             facts,
             allowed: None,
+            models: None,
             lead_span: usize::MAX,
             min_context: None,
             lead: None,
@@ -284,6 +291,12 @@ impl Plan {
     /// Restrict the plan to these providers (the request's `routing.providers`).
     pub fn restrict_to(&mut self, providers: Vec<ProviderIdx>) {
         self.allowed = Some(providers);
+    }
+
+    /// Restrict the plan to the catalog models a caller's key may be served by (by index): a
+    /// candidate of another model is skipped (`not_allowed`) wherever the route took it from.
+    pub fn restrict_models(&mut self, models: Arc<[bool]>) {
+        self.models = Some(models);
     }
 
     /// From now on, only candidates whose model declares a context window above `tokens` (a
@@ -384,6 +397,10 @@ impl Plan {
             } else {
                 NoCall::Unavailable
             }
+        } else if n(SkipReason::NotAllowed) > 0 {
+            // What is left for the key could not serve (or there is nothing left): the key's
+            // scope decides, and the answer names nothing it may not see.
+            NoCall::NotAllowed
         } else if n(SkipReason::NoCredential) > 0
             && n(SkipReason::ProviderDisabled) == 0
             && n(SkipReason::Unresolved) == 0
@@ -508,6 +525,11 @@ impl Plan {
         if let Some(allowed) = &self.allowed {
             if !allowed.contains(&d.provider) {
                 return Err(SkipReason::Excluded);
+            }
+        }
+        if let (Some(models), Some(m)) = (&self.models, d.model) {
+            if !models.get(m.get()).copied().unwrap_or(false) {
+                return Err(SkipReason::NotAllowed);
             }
         }
         if !p.enabled {

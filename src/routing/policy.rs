@@ -59,10 +59,11 @@ pub struct PolicyEntry {
 #[derive(Debug)]
 pub enum EntryRouter {
     /// One route per target, that target first; `weights[i]` is route `i`'s share (normalised,
-    /// 0 for a target without a weight: it never leads).
+    /// 0 for a target without a weight: it never leads); `models[i]` is its target's model.
     Weighted {
         routes: Vec<RouteIdx>,
         weights: Vec<f64>,
+        models: Vec<usize>,
     },
     /// Priority and strategy entries: one order.
     Fixed(RouteIdx),
@@ -95,13 +96,16 @@ pub struct Selection {
 impl PolicyTable {
     /// The first entry whose `when` holds, and the route it gives this request. `unit` is a
     /// fresh draw in [0, 1); `tier` gives the request's complexity tier (asked only by a
-    /// complexity entry); `router_off` takes the targets in the order written.
+    /// complexity entry); `router_off` takes the targets in the order written; `may_use` says
+    /// which models (by index) the caller may be served by: a weighted draw is among those
+    /// only, their weights normalised again without the others.
     pub fn select(
         &self,
         facts: &dyn Facts,
         router_off: bool,
         unit: f64,
         tier: impl FnOnce() -> usize,
+        may_use: &dyn Fn(usize) -> bool,
     ) -> Selection {
         let Some((i, entry)) = self
             .entries
@@ -119,15 +123,15 @@ impl PolicyTable {
             EntryRouter::Fixed(r) => (*r, Pick::Fixed),
             EntryRouter::Weighted { routes, .. } if router_off => (routes[0], Pick::RouterOff),
             EntryRouter::Complexity(routes) if router_off => (routes[0], Pick::RouterOff),
-            EntryRouter::Weighted { routes, weights } => {
-                let index = draw(weights, unit);
-                (
-                    routes[index],
-                    Pick::Drawn {
-                        index,
-                        share: weights[index],
-                    },
-                )
+            EntryRouter::Weighted {
+                routes,
+                weights,
+                models,
+            } => {
+                let shares = shares(weights, models, may_use);
+                let index = draw(&shares, unit);
+                let share = shares.get(index).copied().unwrap_or(0.0);
+                (routes[index], Pick::Drawn { index, share })
             }
             EntryRouter::Complexity(routes) => {
                 let t = tier().min(2);
@@ -140,6 +144,31 @@ impl PolicyTable {
             pick,
         }
     }
+}
+
+/// A weighted entry's shares for a caller who may use only the models `may_use` allows (by
+/// index): the configured weights without the others', normalised again. None usable: all
+/// zero (nothing leads; the plan skips what the caller may not use).
+pub fn shares<'w>(
+    weights: &'w [f64],
+    models: &[usize],
+    may_use: &dyn Fn(usize) -> bool,
+) -> std::borrow::Cow<'w, [f64]> {
+    if models.iter().all(|&m| may_use(m)) {
+        return std::borrow::Cow::Borrowed(weights);
+    }
+    let usable: Vec<f64> = weights
+        .iter()
+        .zip(models)
+        .map(|(w, &m)| if may_use(m) { *w } else { 0.0 })
+        .collect();
+    let total: f64 = usable.iter().sum();
+    std::borrow::Cow::Owned(
+        usable
+            .iter()
+            .map(|w| if total > 0.0 { w / total } else { 0.0 })
+            .collect(),
+    )
 }
 
 /// The index `unit` falls on among normalised `weights` (positive ones only).
@@ -274,7 +303,11 @@ fn compile_router(b: &mut Builder<'_>, p: &PolicyConfig, router: &RouterConfig) 
                 .iter()
                 .map(|w| if total > 0.0 { w / total } else { 0.0 })
                 .collect();
-            EntryRouter::Weighted { routes, weights }
+            EntryRouter::Weighted {
+                routes,
+                weights,
+                models,
+            }
         }
         RouterConfig::Priority(targets) => {
             let models: Vec<usize> = targets.iter().map(|t| t.model).collect();

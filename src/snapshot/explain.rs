@@ -75,6 +75,7 @@ pub fn explain<'a>(
         id: &k.id,
         user: k.user.as_deref(),
         budget: k.budget_facts(now_s),
+        models: k.models().map(|m| &m[..]),
     });
     let routed = match decide::route(&tables, &steering) {
         Ok(r) => r,
@@ -101,6 +102,9 @@ pub fn explain<'a>(
     };
     let rankings = router.rankings.load();
     let mut plan = decide::plan(&tables, &rankings, &env, &routed, facts).explaining();
+    if let Some(models) = key.and_then(|k| k.models()) {
+        plan.restrict_models(models.clone());
+    }
     let mut order = Vec::new();
     while let Some(choice) = plan.next(&env, Advance::NextDeployment) {
         plan.commit(&choice);
@@ -129,7 +133,7 @@ pub fn explain<'a>(
         "model": &*request.model_name(),
         "route": route_header(&tables, &routed),
         "rules": rules,
-        "via": via(&tables, &routed, &request),
+        "via": via(&tables, &routed, &request, key.and_then(|k| k.models()).map(|m| &m[..])),
         "strategy": routed.strategy.as_str(),
         "smart_fallback": routed.smart_fallback,
         "needs": {
@@ -170,7 +174,13 @@ fn route_header(tables: &Snapshot, routed: &decide::Routed) -> String {
 }
 
 /// How the request reached its route: rules tried, the policy entry that held and its pick.
-fn via(tables: &Snapshot, routed: &decide::Routed, request: &CallerRequest) -> Value {
+fn via(
+    tables: &Snapshot,
+    routed: &decide::Routed,
+    request: &CallerRequest,
+    models: Option<&[bool]>,
+) -> Value {
+    let may_use = |m: usize| models.is_none_or(|ms| ms.get(m).copied().unwrap_or(false));
     let rule = |n: Option<usize>| n.map(|n| json!({ "rule": n, "matched": true }));
     match routed.via {
         Via::Model => json!({ "kind": "model" }),
@@ -183,9 +193,13 @@ fn via(tables: &Snapshot, routed: &decide::Routed, request: &CallerRequest) -> V
             let p = tables.policy(policy);
             let entry = selection.entry.and_then(|i| p.entries.get(i));
             let shares = match entry.map(|e| &e.router) {
-                Some(EntryRouter::Weighted { routes, weights }) => routes
+                Some(EntryRouter::Weighted {
+                    routes,
+                    weights,
+                    models,
+                }) => routes
                     .iter()
-                    .zip(weights)
+                    .zip(crate::routing::policy::shares(weights, models, &may_use).iter())
                     .map(|(r, w)| {
                         let lead = tables
                             .route(*r)

@@ -140,9 +140,11 @@ impl Snapshot {
             return (self, Vec::new());
         };
         let env = |name: &str| std::env::var(name).ok();
+        let models: Vec<&str> = self.table.catalog.models.iter().map(|m| &*m.name).collect();
         let (table, warnings) = KeyTable::build(
             keys,
             &config.user_budgets,
+            &models,
             previous.and_then(|p| p.keys.as_deref()),
             &env,
         );

@@ -159,5 +159,44 @@ fn bench_relay(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_request, bench_response, bench_relay);
+/// The prompt's token estimate (text characters, images by formula) against an exact count
+/// with `o200k_base`, for a 2 KiB and a 200 KiB prompt: what the request path pays on every
+/// request, and what it pays only near a limit.
+fn bench_estimate(c: &mut Criterion) {
+    use signalbox::adapters::estimate;
+    use signalbox::adapters::tokenizer::{self, Encoding};
+    let mut g = c.benchmark_group("prompt_tokens");
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    // Loaded once, off the measurement (as it is once per process).
+    let _ = tokenizer::count("warm", Encoding::O200k);
+    for size in [2 << 10, 200 << 10] {
+        let b = body(size);
+        let req = ChatRequest::parse(b.clone()).expect("valid");
+        let prompt = req.prompt().to_vec();
+        g.throughput(Throughput::Bytes(prompt.len() as u64));
+        g.bench_with_input(BenchmarkId::new("estimate", size), &prompt, |bench, p| {
+            bench.iter(|| black_box(estimate::estimate(p)));
+        });
+        g.bench_with_input(
+            BenchmarkId::new("exact_o200k", size),
+            &prompt,
+            |bench, p| {
+                bench.iter(|| {
+                    let text = estimate::message_text(p);
+                    black_box(tokenizer::count(&text, Encoding::O200k))
+                });
+            },
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_request,
+    bench_response,
+    bench_relay,
+    bench_estimate
+);
 criterion_main!(benches);

@@ -34,6 +34,9 @@ pub enum ErrorCode {
     NotFound,
     MethodNotAllowed,
     RequestTooLarge,
+    /// The request's estimated tokens alone exceed the key's (or every candidate's) `tpm`:
+    /// waiting cannot help.
+    TokensExceedLimit,
     HeadersTooLarge,
     NoProviderAvailable,
     RateLimited,
@@ -67,6 +70,7 @@ impl ErrorCode {
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::RequestTooLarge => "request_too_large",
+            ErrorCode::TokensExceedLimit => "tokens_exceed_limit",
             ErrorCode::HeadersTooLarge => "request_headers_too_large",
             ErrorCode::NoProviderAvailable => "no_provider_available",
             ErrorCode::RateLimited => "rate_limited",
@@ -99,7 +103,7 @@ impl ErrorCode {
             ErrorCode::ModelNotAllowed => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
-            ErrorCode::RequestTooLarge => 413,
+            ErrorCode::RequestTooLarge | ErrorCode::TokensExceedLimit => 413,
             ErrorCode::HeadersTooLarge => 431,
             ErrorCode::RateLimited | ErrorCode::BudgetExceeded => 429,
             ErrorCode::ProviderNotConfigured | ErrorCode::ProviderCredentialRejected => 424,

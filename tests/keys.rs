@@ -199,12 +199,24 @@ async fn requests_and_tokens_per_minute_are_refused_before_any_call() {
     assert!((1..=60).contains(&retry), "{retry}");
     assert_eq!(error_code(r).await.1, "rate_limited");
     assert_eq!(m.calls(), 2, "the third never reached the provider");
-    // Tokens: the estimate (prompt + max_tokens) is over the key's minute.
+    // Tokens: an estimate (prompt + max_tokens) alone over the key's minute can never pass:
+    // 413, not a 429 a client would retry forever.
     let mut big = chat("gpt-4o-mini");
     big["max_tokens"] = json!(1000);
-    let (status, code, _) = error_code(post(&gw, Some(KEY_B), &big).await).await;
-    assert_eq!((status, code.as_str()), (429, "rate_limited"));
+    let r = post(&gw, Some(KEY_B), &big).await;
+    assert!(r.headers().get("retry-after").is_none());
+    let (status, code, _) = error_code(r).await;
+    assert_eq!((status, code.as_str()), (413, "tokens_exceed_limit"));
     assert_eq!(m.calls(), 2);
+    // One that fits (its estimate, then the 23 tokens the mock reports, counted) leaves too
+    // little for a second: 429 until the minute frees.
+    let mut half = chat("gpt-4o-mini");
+    half["max_tokens"] = json!(290);
+    assert_eq!(post(&gw, Some(KEY_B), &half).await.status(), 200);
+    let r = post(&gw, Some(KEY_B), &half).await;
+    let (status, code, _) = error_code(r).await;
+    assert_eq!((status, code.as_str()), (429, "rate_limited"));
+    assert_eq!(m.calls(), 3);
     // One key's minute is not another's.
     let mut small = chat("gpt-4o-mini");
     small["max_tokens"] = json!(16);

@@ -161,9 +161,9 @@ async fn a_deployment_whose_token_minute_is_full_spills_to_the_next() {
     let a = mock("a").await;
     let b = mock("b").await;
     // Each answer reports 23 tokens (the mock's prompt is the body's bytes / 4, about 20, plus
-    // 3); each request is estimated at 11 (the prompt estimate and `max_tokens: 1`): after two
-    // answers a's 50-token minute holds 46, and the third would pass it.
-    let gw = Gateway::start(two(&a, &b, ", tpm: 50", ""));
+    // 3); each request is estimated at 4 (the text "Say hello." and `max_tokens: 1`): after two
+    // answers a's 49-token minute holds 46, and the third would pass it.
+    let gw = Gateway::start(two(&a, &b, ", tpm: 49", ""));
     for _ in 0..2 {
         assert_eq!(
             header(&post_chat(&gw, &body()).await, "x-llm-provider"),
@@ -182,7 +182,7 @@ async fn a_deployment_whose_token_minute_is_full_spills_to_the_next() {
 async fn when_every_token_minute_is_full_the_caller_is_told_when_it_frees() {
     let a = mock("a").await;
     let conf = format!(
-        "providers:\n{}models:\n  m:\n    deployments: [{{ provider: a, model: up-a, tpm: 30 }}]\n",
+        "providers:\n{}models:\n  m:\n    deployments: [{{ provider: a, model: up-a, tpm: 26 }}]\n",
         provider("a", &a)
     );
     let gw = Gateway::start(conf);

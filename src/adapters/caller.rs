@@ -11,8 +11,10 @@ use super::anthropic::{CountTokensRequest, MessagesRequest};
 use super::chat_messages::{
     chat_request_to_messages, messages_request_to_chat, ToChat, ToMessages, Unexpressible,
 };
+use super::estimate::Estimate;
 use super::facts::{Complexity, Needs, RoutingOverride};
 use super::openai::ChatRequest;
+use super::tokenizer::Encoding;
 use crate::catalog::surface::{Conversion, Surface};
 
 /// The `max_tokens` a chat request translated for Anthropic gets when the caller set none
@@ -99,11 +101,32 @@ impl CallerRequest {
         }
     }
 
+    /// The prompt's estimated tokens in the caller's own dialect (images by its formula).
     pub fn prompt_tokens(&self) -> u64 {
         match self {
             Self::OpenAi(r) => r.prompt_tokens(),
             Self::Messages(r) => r.prompt_tokens(),
             Self::CountTokens(r) => r.prompt_tokens(),
+        }
+    }
+
+    /// The prompt estimated from what it says (see [`super::estimate`]).
+    pub fn estimate(&self) -> Estimate {
+        match self {
+            Self::OpenAi(r) => r.estimate,
+            Self::Messages(r) => r.estimate,
+            Self::CountTokens(r) => r.estimate,
+        }
+    }
+
+    /// The prompt counted exactly in an OpenAI encoding, images by formula (once per request
+    /// and encoding); `None` where no exact count is made (token counting, or an encoding that
+    /// could not be loaded).
+    pub fn exact_tokens(&self, encoding: Encoding) -> Option<u64> {
+        match self {
+            Self::OpenAi(r) => r.exact_tokens(encoding),
+            Self::Messages(r) => r.exact_tokens(encoding),
+            Self::CountTokens(_) => None,
         }
     }
 

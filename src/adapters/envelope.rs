@@ -16,8 +16,10 @@ use std::ops::Range;
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::Deserialize;
 
+use super::estimate::{self, Estimate};
 use super::facts::{RoutingOverride, MAX_ROUTING_PROVIDERS};
 use super::json::{self, JsonError, Scan};
+use super::tokenizer::{self, Encoding};
 
 /// The members every dialect's scan wants, at these indices of its key list.
 pub(super) const COMMON_KEYS: [&[u8]; 3] = [b"model", b"routing", b"messages"];
@@ -69,6 +71,9 @@ pub(super) struct Envelope {
     routing_removal: Option<Range<usize>>,
     /// The `messages` value (the prompt), if present.
     messages: Option<Range<usize>>,
+    /// Exact counts of the prompt's text, by encoding (`o200k_base`, `cl100k_base`), once
+    /// asked for.
+    exact: [std::sync::OnceLock<Option<u64>>; 2],
 }
 
 impl Envelope {
@@ -107,6 +112,7 @@ impl Envelope {
             routing_removal: None,
             messages: scan.get(WANT_MESSAGES).map(|m| m.value.clone()),
             body,
+            exact: Default::default(),
         };
         Ok((envelope, scan))
     }
@@ -162,6 +168,48 @@ impl Envelope {
     /// The conversation as raw JSON (the `messages` value), or the whole body without one.
     pub(super) fn prompt(&self) -> &[u8] {
         self.messages().unwrap_or(&self.body)
+    }
+
+    /// The prompt estimated (see [`super::estimate`]): `messages` and `system` (a dialect's
+    /// system prompt member), or the whole body when it has neither (the Responses `input`,
+    /// a completion's `prompt`, an embedding's `input`).
+    pub(super) fn estimate(&self, system: Option<&[u8]>) -> Estimate {
+        match (self.messages(), system) {
+            (None, None) => estimate::estimate(&self.body),
+            (m, s) => {
+                let mut e = m.map(estimate::estimate).unwrap_or_default();
+                if let Some(s) = s.map(estimate::estimate) {
+                    e.text_chars += s.text_chars;
+                    e.images += s.images;
+                    e.image_tokens_openai += s.image_tokens_openai;
+                    e.image_tokens_anthropic += s.image_tokens_anthropic;
+                }
+                e
+            }
+        }
+    }
+
+    /// The prompt's text tokens counted exactly in `encoding` (once per request and
+    /// encoding), plus the images by OpenAI's formula; `None` if the encoding is unavailable.
+    pub(super) fn exact_openai(
+        &self,
+        system: Option<&[u8]>,
+        encoding: Encoding,
+        images_openai: u64,
+    ) -> Option<u64> {
+        let slot = &self.exact[usize::from(encoding == Encoding::Cl100k)];
+        let text = slot.get_or_init(|| {
+            let mut text = String::new();
+            for part in [system, self.messages()].into_iter().flatten() {
+                text.push_str(&estimate::message_text(part));
+                text.push('\n');
+            }
+            if system.is_none() && self.messages().is_none() {
+                text = estimate::message_text(&self.body);
+            }
+            tokenizer::count(&text, encoding)
+        });
+        text.map(|t| t + images_openai)
     }
 
     /// The model name the caller sent (decoded).

@@ -5,6 +5,8 @@
 //! - `envelope`: what every dialect's request body is scanned for first (model, `routing`,
 //!   `messages`), the refusals they share, and the body each attempt sends.
 //! - `facts`: what routing reads from any request (needs, complexity, `routing` overrides).
+//! - `estimate`: a prompt's tokens from what it says (text characters, images by formula);
+//!   `tokenizer`: the exact count with OpenAI's encodings, near a limit.
 //! - `openai`: the OpenAI chat-completions dialect (requests, responses, streams).
 //! - `anthropic`: the Anthropic Messages dialect, same-dialect fast path (requests, responses,
 //!   streams, errors in Anthropic's shape).
@@ -18,8 +20,10 @@ pub mod anthropic;
 pub mod caller;
 pub mod chat_messages;
 pub mod envelope;
+pub mod estimate;
 pub mod facts;
 pub mod json;
 pub mod openai;
 pub mod relay;
 pub mod stream;
+pub mod tokenizer;

@@ -13,8 +13,10 @@ use std::borrow::Cow;
 use std::ops::Range;
 
 use super::envelope::{non_empty_array, type_is, Envelope, RequestBodyError, COMMON_KEYS};
+use super::estimate::Estimate;
 use super::facts::{Complexity, Needs, RoutingOverride};
 use super::json;
+use super::tokenizer::Encoding;
 use crate::error::error_json;
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -53,6 +55,8 @@ pub struct ChatRequest {
     pub needs: Needs,
     /// `stream_options` as the caller sent it: absent, or whether it asks for usage.
     stream_options: Option<bool>,
+    /// The prompt's tokens, estimated from what it says.
+    pub estimate: Estimate,
 }
 
 impl ChatRequest {
@@ -84,6 +88,7 @@ impl ChatRequest {
                 .and_then(|o| o.get("include_usage")?.as_bool())
                 .unwrap_or(false)
         });
+        let estimate = envelope.estimate(None);
         Ok(Self {
             stream_options,
             stream,
@@ -91,22 +96,29 @@ impl ChatRequest {
             max_tokens,
             needs,
             envelope,
+            estimate,
         })
     }
 
-    /// An estimate of the prompt's tokens: its bytes over four (about right for English
-    /// JSON; an estimate decides eligibility and cost, never what is sent).
+    /// The prompt's estimated tokens for an OpenAI-kind provider (text characters over four,
+    /// images by OpenAI's formula: see [`super::estimate`]).
     pub fn prompt_tokens(&self) -> u64 {
-        (self.prompt().len() as u64).div_ceil(4)
+        self.estimate.openai()
+    }
+
+    /// The prompt counted exactly in `encoding` (near a limit), images by formula.
+    pub fn exact_tokens(&self, encoding: Encoding) -> Option<u64> {
+        self.envelope
+            .exact_openai(None, encoding, self.estimate.image_tokens_openai)
     }
 
     /// The request's complexity tier, from a cheap heuristic over the prompt: one point each
-    /// for a long prompt (over 2,000 estimated tokens; two over 8,000), code (a fenced block),
-    /// tools, and a long conversation (over 6 messages). 0 → simple, 1–2 → medium, 3 or more →
-    /// complex.
+    /// for a long prompt (over 2,000 estimated text tokens; two over 8,000: images do not make
+    /// a prompt complex), code (a fenced block), tools, and a long conversation (over 6
+    /// messages). 0 → simple, 1–2 → medium, 3 or more → complex.
     pub fn complexity(&self) -> Complexity {
         let prompt = self.prompt();
-        let tokens = self.prompt_tokens();
+        let tokens = self.estimate.text_tokens();
         let mut score = u32::from(tokens > 2_000) + u32::from(tokens > 8_000);
         score += u32::from(memchr::memmem::find(prompt, b"```").is_some());
         score += u32::from(self.needs.tools);

@@ -129,6 +129,8 @@ pub enum NoCall {
     OverBudget,
     /// The caller's key may not use the models that could serve.
     NotAllowed,
+    /// The request's estimated tokens alone exceed every candidate's `tpm`.
+    TokensExceedLimit,
 }
 
 /// Classify a failure to connect (`fail_to_connect`).
@@ -273,6 +275,12 @@ impl FailureLog {
                 return GatewayError::new(
                     ErrorCode::BudgetExceeded,
                     "every candidate for this model is over its budget for the period",
+                );
+            }
+            if no_call == NoCall::TokensExceedLimit {
+                return GatewayError::new(
+                    ErrorCode::TokensExceedLimit,
+                    "the request's estimated tokens exceed every candidate's tokens-per-minute limit; a smaller request can pass",
                 );
             }
             if no_call == NoCall::NotAllowed {

@@ -7,6 +7,7 @@ use http::HeaderMap;
 
 use super::ctx::RequestCtx;
 use crate::adapters::caller::CallerRequest;
+use crate::adapters::tokenizer::{self, Encoding};
 use crate::error::{ErrorCode, GatewayError};
 use crate::keys::{self, cost_micro_usd, ClientKey, Refusal};
 use crate::routing::decide::KeyFacts;
@@ -71,10 +72,25 @@ pub fn admit(
             "this API key may not use the model or route it named",
         ));
     }
-    let tokens = request.prompt_tokens()
-        + request
-            .max_tokens()
-            .unwrap_or(keys::DEFAULT_OUTPUT_ESTIMATE);
+    let output = request
+        .max_tokens()
+        .unwrap_or(keys::DEFAULT_OUTPUT_ESTIMATE);
+    let mut tokens = request.prompt_tokens() + output;
+    if let Some(tpm) = key.tpm {
+        // Near the key's limit the estimate's error could decide: counted exactly.
+        if tokenizer::near(tokens, tpm) {
+            if let Some(exact) = request.exact_tokens(Encoding::O200k) {
+                tokens = exact + output;
+            }
+        }
+        if tokens > tpm {
+            // Waiting cannot help: no Retry-After, so a client does not retry it.
+            return Err(GatewayError::new(
+                ErrorCode::TokensExceedLimit,
+                "this request's estimated tokens exceed the API key's tokens-per-minute limit; a smaller request can pass",
+            ));
+        }
+    }
     let now = now_s(ctx);
     match key.admit(now, tokens) {
         Ok(reservation) => {

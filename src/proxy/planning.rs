@@ -121,8 +121,10 @@ pub fn plan_request(
         .filter(|v| !v.is_empty() && v.len() <= 256)
         .map(|v| stable_hash(v.as_bytes()));
     let env = plan_env(snapshot);
+    let (input_tokens, input_tokens_anthropic) = decide::input_tokens(snapshot, &routed, &request);
     let facts = RequestFacts {
-        input_tokens: request.prompt_tokens(),
+        input_tokens,
+        input_tokens_anthropic,
         output_tokens: request
             .max_tokens()
             .unwrap_or(decide::DEFAULT_OUTPUT_TOKENS),

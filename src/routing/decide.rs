@@ -23,6 +23,7 @@ use super::scoring::{rank, RankBy};
 use super::{resolve, Resolution, ResolveError, RouteIdx, RouteTable};
 use crate::adapters::caller::CallerRequest;
 use crate::adapters::facts::Complexity;
+use crate::adapters::tokenizer::{self, Encoding};
 use crate::catalog::surface::Surface;
 use crate::catalog::{Deployment, DeploymentIdx, ProviderIdx};
 use crate::config::condition::{FactValue, Facts, Field};
@@ -397,6 +398,41 @@ fn unit_draw(seed: u64) -> f64 {
     #[allow(clippy::cast_precision_loss)]
     let v = (r >> 11) as f64 / (1u64 << 53) as f64;
     v
+}
+
+/// The prompt's tokens for OpenAI-kind and for Anthropic-kind candidates: the estimate, or
+/// for OpenAI-kind ones the exact count when the estimate is within 10 % of a limit an
+/// OpenAI-kind candidate of the route judges it by (its model's context window, its `tpm`
+/// window), counted in that candidate's encoding.
+pub fn input_tokens(tables: &RouteTable, routed: &Routed, request: &CallerRequest) -> (u64, u64) {
+    let estimate = request.estimate();
+    let (openai, anthropic) = (estimate.openai(), estimate.anthropic());
+    let catalog = &tables.catalog;
+    let output = request.max_tokens().unwrap_or(DEFAULT_OUTPUT_TOKENS);
+    let near = |d: &Deployment| {
+        if catalog.provider(d.provider).kind != crate::config::ProviderKind::OpenAi {
+            return false;
+        }
+        let window = d
+            .model
+            .and_then(|m| catalog.model(m).context_window)
+            .is_some_and(|w| tokenizer::near(openai, u64::from(w)));
+        window || d.tpm.is_some_and(|t| tokenizer::near(openai + output, t))
+    };
+    let close = match &routed.adhoc {
+        Some(d) => near(d).then(|| d.upstream_model.clone()),
+        None => tables
+            .route(routed.route)
+            .candidates
+            .iter()
+            .map(|d| catalog.deployment(*d))
+            .find(|d| near(d))
+            .map(|d| d.upstream_model.clone()),
+    };
+    let openai = close
+        .and_then(|model| request.exact_tokens(Encoding::for_model(&model)))
+        .unwrap_or(openai);
+    (openai, anthropic)
 }
 
 /// The plan of a routed request: the route's ranked order (from the shared tables, or ranked

@@ -42,7 +42,7 @@ use crate::adapters::facts::Needs;
 use crate::attempt::{Advance, NoCall};
 use crate::catalog::stable_hash;
 use crate::catalog::{Catalog, Deployment, DeploymentIdx, ProviderIdx};
-use crate::config::Strategy;
+use crate::config::{ProviderKind, Strategy};
 use crate::health::breaker::FULL_HEALTH;
 use crate::health::{Admission, HealthRegistry, TargetRef, Unavailable};
 use crate::limits::budget::{cost_micro_usd, seconds_to_reset};
@@ -74,6 +74,8 @@ pub enum SkipReason {
     RpmFull,
     /// Its `tpm` window cannot take this request's estimated tokens.
     TpmFull,
+    /// This request's estimated tokens alone exceed its `tpm`: it never can.
+    TokensExceedLimit,
     /// Its breaker is open.
     Ejected,
     /// Half-open, with its one probe already in flight.
@@ -88,7 +90,7 @@ pub enum SkipReason {
 }
 
 impl SkipReason {
-    pub const ALL: [SkipReason; 18] = [
+    pub const ALL: [SkipReason; 19] = [
         SkipReason::ProviderDisabled,
         SkipReason::NoCredential,
         SkipReason::Unresolved,
@@ -102,6 +104,7 @@ impl SkipReason {
         SkipReason::ContextWindow,
         SkipReason::RpmFull,
         SkipReason::TpmFull,
+        SkipReason::TokensExceedLimit,
         SkipReason::Ejected,
         SkipReason::ProbeBusy,
         SkipReason::Benched,
@@ -125,6 +128,7 @@ impl SkipReason {
             SkipReason::ContextWindow => "context_window",
             SkipReason::RpmFull => "rpm_full",
             SkipReason::TpmFull => "tpm_full",
+            SkipReason::TokensExceedLimit => "tokens_exceed_limit",
             SkipReason::Ejected => "ejected",
             SkipReason::ProbeBusy => "half_open_busy",
             SkipReason::Benched => "benched",
@@ -139,6 +143,14 @@ impl SkipReason {
 }
 
 const SKIP_REASONS: usize = SkipReason::ALL.len();
+
+/// Whether a deployment's `tpm` window can take a request.
+enum Tokens {
+    /// In this many seconds.
+    FreesIn(u64),
+    /// Never: the request alone is over the limit.
+    Never,
+}
 
 /// One attempt's destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,7 +188,10 @@ pub struct PlanEnv<'a> {
 /// Per-request inputs of the lead decision.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RequestFacts {
+    /// The prompt's tokens for an OpenAI-kind provider (counted exactly when near a limit),
+    /// and for an Anthropic-kind one (images by each one's formula).
     pub input_tokens: u64,
+    pub input_tokens_anthropic: u64,
     pub output_tokens: u64,
     /// Hash of the prompt prefix (`prefix_affinity`).
     pub prefix_hash: Option<u64>,
@@ -191,6 +206,16 @@ pub struct RequestFacts {
     pub needs: Needs,
     /// The endpoint called: only providers whose API can serve it are candidates.
     pub surface: Surface,
+}
+
+impl RequestFacts {
+    /// The prompt's tokens for a provider of `kind`.
+    pub fn input_for(&self, kind: ProviderKind) -> u64 {
+        match kind {
+            ProviderKind::OpenAi => self.input_tokens,
+            ProviderKind::Anthropic => self.input_tokens_anthropic,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -397,6 +422,9 @@ impl Plan {
             } else {
                 NoCall::Unavailable
             }
+        } else if n(SkipReason::TokensExceedLimit) > 0 && n(SkipReason::NotAllowed) == 0 {
+            // What could serve can never take this request: waiting cannot help.
+            NoCall::TokensExceedLimit
         } else if n(SkipReason::NotAllowed) > 0 {
             // What is left for the key could not serve (or there is nothing left): the key's
             // scope decides, and the answer names nothing it may not see.
@@ -557,10 +585,8 @@ impl Plan {
                     return Err(*reason);
                 }
             }
-            if model
-                .context_window
-                .is_some_and(|w| self.facts.input_tokens > u64::from(w))
-            {
+            let input = self.facts.input_for(p.kind);
+            if model.context_window.is_some_and(|w| input > u64::from(w)) {
                 return Err(SkipReason::ContextWindow);
             }
             if let Some(floor) = self.min_context {
@@ -599,21 +625,32 @@ impl Plan {
                 return Err(SkipReason::RpmFull);
             }
         }
-        if let Some(frees_s) = self.tokens_full(env, pos) {
-            let frees = env.now_ms.saturating_add(frees_s.saturating_mul(1_000));
-            self.rpm_frees_ms = Some(self.rpm_frees_ms.map_or(frees, |s| s.min(frees)));
-            return Err(SkipReason::TpmFull);
+        match self.tokens_full(env, pos) {
+            Some(Tokens::Never) => return Err(SkipReason::TokensExceedLimit),
+            Some(Tokens::FreesIn(frees_s)) => {
+                let frees = env.now_ms.saturating_add(frees_s.saturating_mul(1_000));
+                self.rpm_frees_ms = Some(self.rpm_frees_ms.map_or(frees, |s| s.min(frees)));
+                return Err(SkipReason::TpmFull);
+            }
+            None => {}
         }
         self.within_budgets(env, pos)
     }
 
     /// When the deployment's `tpm` window cannot take this request's estimated tokens: the
-    /// seconds until it can.
-    fn tokens_full(&self, env: &PlanEnv<'_>, pos: usize) -> Option<u64> {
+    /// seconds until it can, or never (the estimate alone is over the limit).
+    fn tokens_full(&self, env: &PlanEnv<'_>, pos: usize) -> Option<Tokens> {
         let d = self.deployment(env.catalog, pos)?;
         let tpm = d.tpm?;
-        let estimate = self.facts.input_tokens + self.facts.output_tokens;
-        d.tokens.check(env.wall_s, tpm, estimate.min(tpm)).err()
+        let kind = env.catalog.provider(d.provider).kind;
+        let estimate = self.facts.input_for(kind) + self.facts.output_tokens;
+        if estimate > tpm {
+            return Some(Tokens::Never);
+        }
+        d.tokens
+            .check(env.wall_s, tpm, estimate)
+            .err()
+            .map(Tokens::FreesIn)
     }
 
     /// The deployment's and its provider's budgets, against what they spent in the period and
@@ -633,8 +670,9 @@ impl Plan {
         if d.budget.is_none() && p.budget.is_none() {
             return None;
         }
+        let input = self.facts.input_for(p.kind);
         let estimate = d.price.map_or(0, |price| {
-            cost_micro_usd(&price, self.facts.input_tokens, 0, self.facts.output_tokens)
+            cost_micro_usd(&price, input, 0, self.facts.output_tokens)
         });
         [(d.budget, &d.spend), (p.budget, &p.spend)]
             .into_iter()

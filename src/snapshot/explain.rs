@@ -88,8 +88,10 @@ pub fn explain<'a>(
         wall_s: router.health.wall_s(),
         degraded: router.health.degraded.is_degraded(),
     };
+    let (input_tokens, input_tokens_anthropic) = decide::input_tokens(&tables, &routed, &request);
     let facts = RequestFacts {
-        input_tokens: request.prompt_tokens(),
+        input_tokens,
+        input_tokens_anthropic,
         output_tokens: request
             .max_tokens()
             .unwrap_or(decide::DEFAULT_OUTPUT_TOKENS),

@@ -18,8 +18,10 @@ use serde::Deserialize;
 use crate::adapters::envelope::{
     non_empty_array, type_is, Envelope, RequestBodyError, Typed, COMMON_KEYS,
 };
+use crate::adapters::estimate::Estimate;
 use crate::adapters::facts::{Complexity, Needs, RoutingOverride};
 use crate::adapters::json::Scan;
+use crate::adapters::tokenizer::Encoding;
 
 // The envelope's members, then what both endpoints read, so a count-tokens scan is a prefix.
 const WANT_SYSTEM: usize = 3;
@@ -91,14 +93,16 @@ impl Prompt {
         self.system.as_ref().map(|r| &self.envelope.body[r.clone()])
     }
 
-    /// The prompt's bytes over four, as the Chat Completions estimate: `system` and
-    /// `messages` as raw JSON, or the whole body when it has neither.
-    fn prompt_tokens(&self) -> u64 {
-        let len = match (self.system(), self.envelope.messages()) {
-            (None, None) => self.envelope.body_len(),
-            (s, m) => s.map_or(0, <[u8]>::len) + m.map_or(0, <[u8]>::len),
-        };
-        (len as u64).div_ceil(4)
+    /// The prompt estimated from what it says: `system` and `messages`, or the whole body
+    /// when it has neither (see `adapters::estimate`).
+    fn estimate(&self) -> Estimate {
+        self.envelope.estimate(self.system())
+    }
+
+    /// The prompt counted exactly in `encoding` (near an OpenAI-kind candidate's limit).
+    fn exact_tokens(&self, encoding: Encoding, images_openai: u64) -> Option<u64> {
+        self.envelope
+            .exact_openai(self.system(), encoding, images_openai)
     }
 }
 
@@ -118,6 +122,8 @@ pub struct MessagesRequest {
     /// image block in `messages`, tool results included), JSON mode (structured outputs:
     /// `output_format` or `output_config.format` of type `json_schema`).
     pub needs: Needs,
+    /// The prompt's tokens, estimated from what it says.
+    pub estimate: Estimate,
 }
 
 impl MessagesRequest {
@@ -145,6 +151,7 @@ impl MessagesRequest {
             vision: envelope.messages().is_some_and(has_image_block),
             json_mode,
         };
+        let estimate = prompt.estimate();
         Ok(Self {
             prompt,
             stream,
@@ -152,20 +159,27 @@ impl MessagesRequest {
             max_tokens,
             thinking,
             needs,
+            estimate,
         })
     }
 
-    /// An estimate of the prompt's tokens: `system` and `messages` bytes over four (as
-    /// [`ChatRequest::prompt_tokens`](crate::adapters::openai::ChatRequest::prompt_tokens)).
+    /// The prompt's estimated tokens for an Anthropic-kind provider (text characters over
+    /// four, images by Anthropic's formula).
     pub fn prompt_tokens(&self) -> u64 {
-        self.prompt.prompt_tokens()
+        self.estimate.anthropic()
+    }
+
+    /// The prompt counted exactly in an OpenAI encoding (near a translated candidate's limit).
+    pub fn exact_tokens(&self, encoding: Encoding) -> Option<u64> {
+        self.prompt
+            .exact_tokens(encoding, self.estimate.image_tokens_openai)
     }
 
     /// The complexity tier, by the Chat Completions heuristic: one point each for a long
     /// prompt (over 2,000 estimated tokens; two over 8,000), a fenced code block in `system`
     /// or `messages`, tools, and more than 6 messages.
     pub fn complexity(&self) -> Complexity {
-        let tokens = self.prompt_tokens();
+        let tokens = self.estimate.text_tokens();
         let messages = self.prompt.envelope.messages();
         let fenced =
             |part: Option<&[u8]>| part.is_some_and(|p| memchr::memmem::find(p, b"```").is_some());
@@ -218,18 +232,24 @@ impl MessagesRequest {
 pub struct CountTokensRequest {
     prompt: Prompt,
     pub routing: Option<RoutingOverride>,
+    pub estimate: Estimate,
 }
 
 impl CountTokensRequest {
     pub fn parse(body: Bytes) -> Result<Self, RequestBodyError> {
         let (mut prompt, scan) = Prompt::read(body, COUNT_TOKENS_KEYS)?;
         let routing = prompt.envelope.routing(&scan)?;
-        Ok(Self { prompt, routing })
+        let estimate = prompt.estimate();
+        Ok(Self {
+            prompt,
+            routing,
+            estimate,
+        })
     }
 
     /// The same estimate as [`MessagesRequest::prompt_tokens`].
     pub fn prompt_tokens(&self) -> u64 {
-        self.prompt.prompt_tokens()
+        self.estimate.anthropic()
     }
 
     pub fn model_name(&self) -> Cow<'_, str> {
@@ -762,28 +782,16 @@ mod tests {
 
     #[test]
     fn prompt_estimate_counts_system_and_messages() {
-        let r = req(r#"{"model":"m","max_tokens":1,"system":"12345678","messages":[1234567]}"#)
-            .expect("valid");
-        // `"12345678"` is 10 bytes, `[1234567]` 9: 19 bytes → 5 tokens.
-        assert_eq!(r.prompt_tokens(), 5);
-        assert_eq!(r.system(), Some(&b"\"12345678\""[..]));
-        assert_eq!(r.prompt(), b"[1234567]");
-        let r = req(r#"{"model":"m","max_tokens":1}"#).expect("valid");
-        assert_eq!(
-            r.prompt_tokens(),
-            7,
-            "no prompt: the whole body (28 bytes), as Chat Completions"
-        );
-        let chat = crate::adapters::openai::ChatRequest::parse(Bytes::from_static(
-            br#"{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hello there"}]}"#,
-        ))
-        .expect("valid");
-        let same = req(
-            r#"{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hello there"}]}"#,
+        let r = req(
+            r#"{"model":"m","max_tokens":1,"system":"12345678","messages":[{"role":"user","content":"abcdefghij"}]}"#,
         )
         .expect("valid");
-        assert_eq!(same.prompt_tokens(), chat.prompt_tokens());
-        assert_eq!(same.complexity(), chat.complexity());
+        // The text only: 8 characters of system and 10 of the message, 18 → 5 tokens; the
+        // keys, quotes and `role` are structure.
+        assert_eq!(r.prompt_tokens(), 5);
+        assert_eq!(r.system(), Some(&b"\"12345678\""[..]));
+        let r = req(r#"{"model":"m","max_tokens":1}"#).expect("valid");
+        assert_eq!(r.prompt_tokens(), 0, "no prompt: nothing to count");
     }
 
     #[test]
@@ -833,8 +841,8 @@ mod tests {
             &r.body_for(b"\"claude-haiku-4-5\"")[..],
             br#"{"model":"claude-haiku-4-5","system":"s","messages":[{"role":"user","content":"hi"}]}"#
         );
-        // `"s"` and `[{"role":"user","content":"hi"}]`: 3 + 32 bytes.
-        assert_eq!(r.prompt_tokens(), 9);
+        // The text of `"s"` and `"hi"`: 3 characters.
+        assert_eq!(r.prompt_tokens(), 1);
         assert!(r.body_len() > 0);
         assert_eq!(
             parse(r#"{"messages":[]}"#).err(),

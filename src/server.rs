@@ -28,6 +28,7 @@ use crate::proxy::Gateway;
 use crate::reload::Reloader;
 use crate::snapshot::RankerService;
 use crate::snapshot::{Runtime, Snapshot};
+use crate::state::admit::SharedAdmission;
 use crate::state::redis::RedisBackend;
 use crate::state::{MemoryBackend, StateBackend, StateMetrics, StateService, StateSync};
 
@@ -113,6 +114,8 @@ pub fn build_state_with_clock(
 pub struct Accounts {
     pub ledger: Option<Arc<Ledger>>,
     pub state: Arc<StateSync>,
+    /// Exact admission of keys' limits on Redis (`state.limits: exact`, the default).
+    pub shared: Option<Arc<SharedAdmission>>,
 }
 
 /// Open the ledger and rebuild every budget's spend from it, and set up the shared state.
@@ -158,8 +161,8 @@ pub fn open_accounts(
             Some(ledger)
         }
     };
-    let backend: Arc<dyn StateBackend> = match &config.state {
-        None => Arc::new(MemoryBackend::default()),
+    let redis = match &config.state {
+        None => None,
         Some(s) => {
             let url = std::env::var(&s.redis_url_env).map_err(|_| {
                 StartupError::State(format!(
@@ -167,11 +170,15 @@ pub fn open_accounts(
                     s.redis_url_env
                 ))
             })?;
-            Arc::new(
+            Some(Arc::new(
                 RedisBackend::new(&url, &s.key_prefix, s.timeout)
                     .map_err(|e| StartupError::State(format!("state: {e}")))?,
-            )
+            ))
         }
+    };
+    let backend: Arc<dyn StateBackend> = match &redis {
+        None => Arc::new(MemoryBackend::default()),
+        Some(r) => r.clone(),
     };
     let (interval, timeout) = config.state.as_ref().map_or(
         (
@@ -180,16 +187,19 @@ pub fn open_accounts(
         ),
         |s| (s.sync_interval, s.timeout),
     );
-    let sync = StateSync::new(
-        state.router.clone(),
-        backend,
-        interval,
-        timeout,
-        StateMetrics::register(&state.metrics)?,
-    );
+    let metrics = StateMetrics::register(&state.metrics)?;
+    let exact = config
+        .state
+        .as_ref()
+        .is_some_and(|s| s.limits == crate::config::types::SharedLimits::Exact);
+    let shared = redis
+        .filter(|_| exact)
+        .map(|r| Arc::new(SharedAdmission::new(r, timeout, metrics.fallbacks.clone())));
+    let sync = StateSync::new(state.router.clone(), backend, interval, timeout, metrics);
     Ok(Accounts {
         ledger,
         state: Arc::new(sync),
+        shared,
     })
 }
 
@@ -371,6 +381,7 @@ pub fn build_server(
             state.metrics.clone(),
             hold_connector,
             accounts.ledger.clone(),
+            accounts.shared.clone(),
         ),
         "signalbox proxy",
     );

@@ -41,11 +41,13 @@ impl Redis {
         Some(r)
     }
 
-    /// Start (again) on the same port, empty: no persistence.
+    /// Start (again) on the same port, empty: no persistence. `DEBUG` is allowed from
+    /// loopback (Redis 7 refuses it otherwise), for `DEBUG SLEEP`.
     fn restart(&mut self) {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(["--enable-debug-command", "local"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -77,6 +79,24 @@ impl Redis {
 
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Make the server unresponsive for `seconds` (`DEBUG SLEEP`), from a thread of its own.
+    fn pause(&self, seconds: u32) -> std::thread::JoinHandle<()> {
+        use std::io::{Read, Write};
+        let port = self.port;
+        let sleeper = std::thread::spawn(move || {
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            write!(s, "DEBUG SLEEP {seconds}\r\n").unwrap();
+            let mut buf = [0u8; 5];
+            let _ = s.read_exact(&mut buf);
+        });
+        // Paused once a PING goes unanswered.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.pong() {
+            assert!(Instant::now() < deadline, "DEBUG SLEEP did not take");
+        }
+        sleeper
     }
 }
 
@@ -224,6 +244,10 @@ async fn a_replica_serves_alone_while_redis_is_away_and_resyncs_when_it_returns(
     assert_eq!(post(&one).await.status(), 200);
     assert_eq!(post(&one).await.status(), 429, "the local window holds");
     assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(
+        sample(&one, "signalbox_state_fallbacks_total").await >= 1,
+        "admission fell back to the local counters"
+    );
     let log = one.stderr();
     assert_eq!(
         log.matches("shared state backend unreachable").count(),
@@ -245,4 +269,66 @@ async fn a_replica_serves_alone_while_redis_is_away_and_resyncs_when_it_returns(
         429,
         "replica two sees the two requests one made alone"
     );
+}
+
+/// Replicas with a sync slow enough that only exact admission can keep them in step.
+fn slow_sync(cfg: &str) -> String {
+    cfg.replace("sync_interval: 100ms", "sync_interval: 900ms")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keys_rpm_holds_exactly_across_replicas() {
+    let Some(redis) = Redis::start() else { return };
+    let a = mock("a").await;
+    let b = mock("b").await;
+    let cfg = slow_sync(&config(&a, &b, ", rpm: 4"));
+    let one = replica(&cfg, &redis);
+    let two = replica(&cfg, &redis);
+    // 2 + 2, faster than any sync round: then the fifth is refused on either replica.
+    for gw in [&one, &one, &two, &two] {
+        assert_eq!(post(gw).await.status(), 200);
+    }
+    for gw in [&one, &two] {
+        let r = post(gw).await;
+        assert_eq!(r.status(), 429);
+        let wait: u64 = header(&r, "retry-after").parse().unwrap();
+        assert!((1..=60).contains(&wait), "{wait}");
+    }
+    assert_eq!(a.calls(), 4, "exactly the limit reached the provider");
+    assert_eq!(sample(&one, "signalbox_state_fallbacks_total").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_redis_never_holds_a_request_past_the_timeout() {
+    let Some(redis) = Redis::start() else { return };
+    let a = mock("a").await;
+    let b = mock("b").await;
+    let cfg = config(&a, &b, ", rpm: 100");
+    let one = replica(&cfg, &redis);
+    // `state.limits: synced`: no round trip on the request path at all.
+    let synced = replica(
+        &cfg.replace(
+            "sync_interval: 100ms }",
+            "sync_interval: 100ms, limits: synced }",
+        ),
+        &redis,
+    );
+    rounds(&one, SYNCS_OK, 1).await;
+    let paused = redis.pause(2);
+    for gw in [&one, &synced] {
+        let started = Instant::now();
+        assert_eq!(post(gw).await.status(), 200);
+        assert!(
+            started.elapsed() < Duration::from_millis(1_000),
+            "served within state.timeout, not after the pause: {:?}",
+            started.elapsed()
+        );
+    }
+    assert!(sample(&one, "signalbox_state_fallbacks_total").await >= 1);
+    assert_eq!(
+        sample(&synced, "signalbox_state_fallbacks_total").await,
+        0,
+        "synced mode never asks"
+    );
+    paused.join().unwrap();
 }

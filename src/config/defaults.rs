@@ -120,8 +120,9 @@ pub const LEDGER_FLUSH_INTERVAL: Duration = Duration::from_millis(200);
 pub const STATE_SYNC_INTERVAL: Duration = Duration::from_millis(250);
 /// `state.key_prefix`.
 pub const STATE_KEY_PREFIX: &str = "signalbox:";
-/// `state.timeout`: one Redis round trip at most before a replica falls back to local counts.
-pub const STATE_TIMEOUT: Duration = Duration::from_millis(200);
+/// `state.timeout`: one Redis round trip at most before a replica falls back to local counts
+/// (the request path waits this long at most for an exact admission).
+pub const STATE_TIMEOUT: Duration = Duration::from_millis(50);
 
 // === log ===
 

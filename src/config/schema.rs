@@ -106,6 +106,10 @@ pub struct StateSection {
     /// How long one Redis call may take before the replica falls back to its local counts.
     #[serde(default = "default_state_timeout")]
     pub timeout: String,
+    /// `exact`: a key's and its user's limits are admitted by one Redis check-and-add per
+    /// request; `synced`: on local counters only, reconciled by the background sync.
+    #[serde(default)]
+    pub limits: Option<String>,
 }
 
 /// `metrics`.

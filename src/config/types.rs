@@ -78,6 +78,18 @@ pub struct StateConfig {
     pub sync_interval: Duration,
     pub key_prefix: String,
     pub timeout: Duration,
+    pub limits: SharedLimits,
+}
+
+/// How a key's and its user's limits are admitted across replicas (`state.limits`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SharedLimits {
+    /// One Redis check-and-add per request (within `state.timeout`; past it, locally).
+    #[default]
+    Exact,
+    /// Local counters only, reconciled by the background sync (replicas may overshoot by what
+    /// they admit in one interval).
+    Synced,
 }
 
 /// How a client key is known: its sha256, or an environment variable holding the key.

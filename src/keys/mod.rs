@@ -147,6 +147,26 @@ impl ClientKey {
         })
     }
 
+    /// Count a request the shared store admitted (it already holds it): its request and
+    /// tokens, as the store does, so the sync does not push them again.
+    pub fn admitted_shared(&self, now_s: u64, tokens: u64) -> Reservation {
+        let s = &self.state;
+        if self.rpm.is_some() {
+            s.requests.add_pushed(now_s, 1);
+        } else {
+            s.requests.add(now_s, 1);
+        }
+        if self.tpm.is_some() {
+            s.tokens.add_pushed(now_s, tokens);
+        } else {
+            s.tokens.add(now_s, tokens);
+        }
+        Reservation {
+            at_s: now_s,
+            tokens,
+        }
+    }
+
     /// Settle a request: its tokens as reported (`None`: the estimate stands) and what it cost.
     pub fn settle(&self, reservation: Reservation, now_s: u64, used: Option<u64>, micro_usd: u64) {
         let s = &self.state;

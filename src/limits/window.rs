@@ -89,6 +89,23 @@ impl Window {
         }
     }
 
+    /// Add `n` at `now_s` that the shared store already holds (admitted there by a
+    /// check-and-add): counted here, and never pushed again by the sync.
+    pub fn add_pushed(&self, now_s: u64, n: u64) {
+        self.add(now_s, n);
+        let second = now_s & 0xFFFF_FFFF;
+        let pushed = &self.pushed[(now_s % SECONDS) as usize];
+        let mut cur = pushed.load(Ordering::Relaxed);
+        loop {
+            let (s, c) = unpack(cur);
+            let next = pack(second, if s == second { c.saturating_add(n) } else { n });
+            match pushed.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
     /// Take back `n` added at a second still in the window (a reservation the answer proved too
     /// large): from the bucket of `at_s` if it still holds that second.
     pub fn sub(&self, at_s: u64, n: u64) {
@@ -217,6 +234,17 @@ impl Window {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_count_the_store_already_holds_is_not_pushed_again() {
+        let w = Window::default();
+        w.add_pushed(100, 1);
+        w.add(100, 2);
+        assert_eq!(w.used(100), 3);
+        let mut d = Vec::new();
+        w.pending(100, &mut d);
+        assert_eq!(d, [(100, 2)], "only what the store has not been told");
+    }
 
     #[test]
     fn counts_slide_out_after_a_minute() {

@@ -8,10 +8,13 @@ use http::HeaderMap;
 use super::ctx::RequestCtx;
 use crate::adapters::caller::CallerRequest;
 use crate::adapters::tokenizer::{self, Encoding};
+use crate::config::BudgetPeriod;
 use crate::error::{ErrorCode, GatewayError};
 use crate::keys::{self, cost_micro_usd, ClientKey, Refusal};
+use crate::limits::budget::{period_of, seconds_to_reset};
 use crate::routing::decide::KeyFacts;
 use crate::snapshot::Snapshot;
+use crate::state::{self, admit::Answer, admit::Ask, admit::SharedAdmission};
 
 /// The wall clock in whole seconds, from the health clock (injectable).
 fn now_s(ctx: &RequestCtx) -> u64 {
@@ -46,11 +49,14 @@ pub fn authenticate(
 
 /// Whether the key may send this request's names (`model`, `routing.policy`, `x-llm-route`),
 /// then whether its limits have room; the request is counted against them when admitted.
-pub fn admit(
+/// With exact shared limits (`shared`), the key's and its user's limits are admitted by one
+/// check-and-add in the shared store; past `state.timeout` on local counters.
+pub async fn admit(
     ctx: &mut RequestCtx,
     snapshot: &Snapshot,
     request: &CallerRequest,
     route_header: Option<&[u8]>,
+    shared: Option<&SharedAdmission>,
 ) -> Result<(), GatewayError> {
     if let Some(budget) = &snapshot.global_budget {
         // The whole gateway's budget: spent, nothing is sent anywhere.
@@ -92,22 +98,84 @@ pub fn admit(
         }
     }
     let now = now_s(ctx);
+    if let Some(shared) = shared {
+        let (ask, budgets) = shared_ask(key, now, tokens);
+        if !ask.windows.is_empty() || !ask.spends.is_empty() {
+            match shared.admit(&ask).await {
+                Some(Answer::Admitted) => {
+                    ctx.key_reservation = Some(key.admitted_shared(now, tokens));
+                    return Ok(());
+                }
+                Some(Answer::WindowFull { wait_s, .. }) => {
+                    return Err(rate_limited(wait_s));
+                }
+                Some(Answer::BudgetSpent { index }) => {
+                    let period = budgets.get(index).copied().unwrap_or(BudgetPeriod::Total);
+                    return Err(budget_exceeded(seconds_to_reset(period, now)));
+                }
+                // Past state.timeout, or Redis away: the local counters decide.
+                None => {}
+            }
+        }
+    }
     match key.admit(now, tokens) {
         Ok(reservation) => {
             ctx.key_reservation = Some(reservation);
             Ok(())
         }
-        Err(Refusal::RateLimited(secs)) => Err(GatewayError::new(
-            ErrorCode::RateLimited,
-            "this API key is over its requests or tokens per minute",
-        )
-        .with_retry_after(Some(secs))),
-        Err(Refusal::BudgetExceeded(secs)) => Err(GatewayError::new(
-            ErrorCode::BudgetExceeded,
-            "this API key has spent its budget for the period",
-        )
-        .with_retry_after(Some(secs))),
+        Err(Refusal::RateLimited(secs)) => Err(rate_limited(secs)),
+        Err(Refusal::BudgetExceeded(secs)) => Err(budget_exceeded(secs)),
     }
+}
+
+fn rate_limited(secs: u64) -> GatewayError {
+    GatewayError::new(
+        ErrorCode::RateLimited,
+        "this API key is over its requests or tokens per minute",
+    )
+    .with_retry_after(Some(secs))
+}
+
+fn budget_exceeded(secs: u64) -> GatewayError {
+    GatewayError::new(
+        ErrorCode::BudgetExceeded,
+        "this API key has spent its budget for the period",
+    )
+    .with_retry_after(Some(secs))
+}
+
+/// What a request under `key` asks of the shared store: its rpm and tpm windows (one request,
+/// `tokens`), its and its user's budgets; with each budget's period, in the ask's order.
+fn shared_ask(key: &ClientKey, now_s: u64, tokens: u64) -> (Ask, Vec<BudgetPeriod>) {
+    let mut ask = Ask {
+        now_s,
+        ..Ask::default()
+    };
+    if let Some(rpm) = key.rpm {
+        let name = state::window_key(&state::key_counter(&key.id, "rpm"));
+        ask.windows.push((name, u64::from(rpm), 1));
+    }
+    if let Some(tpm) = key.tpm {
+        let name = state::window_key(&state::key_counter(&key.id, "tpm"));
+        ask.windows.push((name, tpm, tokens));
+    }
+    let mut periods = Vec::new();
+    let budgets = [
+        key.budget.map(|b| (state::key_counter(&key.id, ""), b)),
+        key.user_budget
+            .as_ref()
+            .zip(key.user.as_deref())
+            .map(|((b, _), user)| (state::user_counter(user), *b)),
+    ];
+    for (counter, budget) in budgets.into_iter().flatten() {
+        let (index, _) = period_of(budget.period, now_s);
+        ask.spends.push((
+            state::spend_key(&counter, budget.period, index),
+            budget.micro_usd,
+        ));
+        periods.push(budget.period);
+    }
+    (ask, periods)
 }
 
 /// Give back what an admitted request reserved when signalbox refused it before any call.

@@ -15,6 +15,7 @@ use crate::catalog::surface::{Dialect, Surface};
 use crate::error::{ErrorCode, GatewayError};
 use crate::metrics::Metrics;
 use crate::snapshot::{Runtime, Snapshot};
+use crate::state::admit::SharedAdmission;
 use pingora_core::connectors::http::Connector;
 
 /// Admit a request: `Ok(true)` when signalbox answered it itself or served it with its own
@@ -25,6 +26,7 @@ pub async fn admit(
     runtime: &Runtime,
     metrics: &Metrics,
     connector: &Connector,
+    shared: Option<&SharedAdmission>,
 ) -> pingora_error::Result<bool> {
     let snapshot = ctx.snapshot.clone();
     metrics.in_flight.inc();
@@ -65,10 +67,13 @@ pub async fn admit(
                         .headers
                         .get(&respond::names::X_LLM_ROUTE)
                         .map(http::HeaderValue::as_bytes);
-                    access::admit(ctx, &snapshot, &request, route).and_then(|()| {
-                        planning::plan_request(session, ctx, runtime, request, own_replay)
-                            .inspect_err(|_| access::refund(ctx, &snapshot))
-                    })
+                    match access::admit(ctx, &snapshot, &request, route, shared).await {
+                        Err(refusal) => Err(refusal),
+                        Ok(()) => {
+                            planning::plan_request(session, ctx, runtime, request, own_replay)
+                                .inspect_err(|_| access::refund(ctx, &snapshot))
+                        }
+                    }
                 }
             },
         },

@@ -59,6 +59,7 @@ use self::ctx::RequestCtx;
 use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 use crate::snapshot::Runtime;
+use crate::state::admit::SharedAdmission;
 
 /// The signalbox proxy.
 pub struct Gateway {
@@ -68,6 +69,8 @@ pub struct Gateway {
     connector: Arc<Connector>,
     /// Where every attempt is recorded (`ledger`), when configured.
     ledger: Option<Arc<Ledger>>,
+    /// Exact admission of keys' limits across replicas (`state.limits: exact` with Redis).
+    shared: Option<Arc<SharedAdmission>>,
 }
 
 impl Gateway {
@@ -76,12 +79,14 @@ impl Gateway {
         metrics: Arc<Metrics>,
         connector: Arc<Connector>,
         ledger: Option<Arc<Ledger>>,
+        shared: Option<Arc<SharedAdmission>>,
     ) -> Self {
         Self {
             runtime,
             metrics,
             connector,
             ledger,
+            shared,
         }
     }
 }
@@ -103,7 +108,15 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut Self::CTX,
     ) -> pingora_error::Result<bool> {
-        intake::admit(session, ctx, &self.runtime, &self.metrics, &self.connector).await
+        intake::admit(
+            session,
+            ctx,
+            &self.runtime,
+            &self.metrics,
+            &self.connector,
+            self.shared.as_deref(),
+        )
+        .await
     }
 
     async fn upstream_peer(

@@ -24,10 +24,15 @@
 //! the unpushed counts go out (a backend that lost its data, seen by a new epoch, is told
 //! everything again).
 //!
-//! Admission stays check-then-add on local counters: between two syncs, replicas can together
-//! overshoot a limit by what they admitted in one interval. That is the price of never putting
-//! a network round trip on the request path.
+//! A key's and its user's limits are exact by default (`state.limits: exact`, [`admit`]): with
+//! Redis, admission is one Lua check-and-add against every replica's counts, bounded by
+//! `state.timeout`; what it admits is counted locally as already pushed, so the sync never
+//! counts it twice. Past the timeout, or with Redis away, the replica admits on its local
+//! counters and the sync reconciles. Deployments' limits, and every limit under
+//! `state.limits: synced`, stay check-then-add on local counters: between two syncs, replicas
+//! can together overshoot such a limit by what they admitted in one interval.
 
+pub mod admit;
 pub mod redis;
 
 use std::collections::HashMap;
@@ -37,7 +42,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
-use prometheus::{IntCounterVec, IntGauge, Opts};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
 
 use crate::config::BudgetPeriod;
 use crate::keys::KeyState;
@@ -155,6 +160,30 @@ impl StateBackend for MemoryBackend {
     }
 }
 
+/// The store's name of a window counter (`k:<id>:rpm`, a deployment's `d:…:tpm`).
+pub fn window_key(counter: &str) -> String {
+    format!("w:{counter}")
+}
+
+/// The store's name of a spend counter in one budget period.
+pub fn spend_key(counter: &str, period: BudgetPeriod, index: u64) -> String {
+    format!("s:{counter}:{}:{index}", period.as_str())
+}
+
+/// A key's counters' names (the same in the sync and in exact admission).
+pub fn key_counter(id: &str, what: &str) -> String {
+    if what.is_empty() {
+        format!("k:{id}")
+    } else {
+        format!("k:{id}:{what}")
+    }
+}
+
+/// A user's budget counter's name.
+pub fn user_counter(user: &str) -> String {
+    format!("u:{user}")
+}
+
 /// One shared counter of the serving snapshot.
 enum Counter {
     Window(String, Arc<Window>),
@@ -191,20 +220,20 @@ fn counters(tables: &Snapshot) -> Vec<Counter> {
             let state = k.state.clone();
             if k.rpm.is_some() {
                 out.push(Counter::KeyRequests(
-                    format!("k:{}:rpm", k.id),
+                    key_counter(&k.id, "rpm"),
                     state.clone(),
                 ));
             }
             if k.tpm.is_some() {
-                out.push(Counter::KeyTokens(format!("k:{}:tpm", k.id), state.clone()));
+                out.push(Counter::KeyTokens(key_counter(&k.id, "tpm"), state.clone()));
             }
             if let Some(b) = k.budget {
-                out.push(Counter::KeySpend(format!("k:{}", k.id), b.period, state));
+                out.push(Counter::KeySpend(key_counter(&k.id, ""), b.period, state));
             }
         }
         for (user, budget, spend) in keys.user_spends() {
             out.push(Counter::Spend(
-                format!("u:{user}"),
+                user_counter(user),
                 budget.period,
                 spend.clone(),
             ));
@@ -339,6 +368,8 @@ pub struct StateMetrics {
     pub up: IntGauge,
     /// `result` = `ok` | `failed`.
     pub syncs: IntCounterVec,
+    /// Exact admissions that fell back to local counters (Redis slow or away).
+    pub fallbacks: IntCounter,
 }
 
 impl StateMetrics {
@@ -354,9 +385,18 @@ impl StateMetrics {
             ),
             &["result"],
         )?;
+        let fallbacks = IntCounter::new(
+            "signalbox_state_fallbacks_total",
+            "Exact admissions of a key's limits decided on this replica's own counters, Redis not answering within state.timeout.",
+        )?;
         metrics.register(Box::new(up.clone()))?;
         metrics.register(Box::new(syncs.clone()))?;
-        Ok(Self { up, syncs })
+        metrics.register(Box::new(fallbacks.clone()))?;
+        Ok(Self {
+            up,
+            syncs,
+            fallbacks,
+        })
     }
 }
 
@@ -443,16 +483,13 @@ impl StateSync {
             if let Some((name, w)) = c.window() {
                 let mut deltas = Vec::new();
                 w.pending(now_s, &mut deltas);
-                push.windows.push((format!("w:{name}"), deltas));
+                push.windows.push((window_key(name), deltas));
             }
             if let Some((name, period, s)) = c.spend() {
                 let (index, delta) = s.pending(period, now_s);
                 spend_index.push(index);
-                push.spends.push((
-                    format!("s:{name}:{}:{index}", period.as_str()),
-                    spend_ttl(period),
-                    delta,
-                ));
+                push.spends
+                    .push((spend_key(name, period, index), spend_ttl(period), delta));
             }
         }
         for (id, c) in &coolings {

@@ -18,6 +18,7 @@ use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Value};
 
+use super::admit::{Answer, Ask};
 use super::{Pulled, Push, StateBackend, StateError};
 
 /// Add per-second deltas to a window's hash, expire dead seconds, return the live ones.
@@ -70,6 +71,64 @@ for i = 1, #all, 2 do
   end
 end
 return out
+";
+
+/// Exact admission: check every window and budget against every replica's counts, and only if
+/// all have room add the request to the windows. KEYS: the windows, then the spends. ARGV:
+/// now, the number of windows, then (limit, add) per window, then the budget per spend.
+/// Returns `{0}` admitted, `{1, i, wait}` window `i` full for `wait` seconds, `{2, j}` spend
+/// `j` over its budget (indices from 1).
+const ADMIT_SCRIPT: &str = r"
+local now = tonumber(ARGV[1])
+local nw = tonumber(ARGV[2])
+for i = 1, nw do
+  local limit = tonumber(ARGV[1 + 2 * i])
+  local add = tonumber(ARGV[2 + 2 * i])
+  local all = redis.call('HGETALL', KEYS[i])
+  local used = 0
+  local live = {}
+  for j = 1, #all, 2 do
+    local s = tonumber(all[j])
+    local c = tonumber(all[j + 1])
+    if now - s < 60 and s - now <= 60 and c > 0 then
+      used = used + c
+      live[#live + 1] = {s, c}
+    end
+  end
+  if used + add > limit then
+    if add > limit then
+      return {1, i, 60}
+    end
+    table.sort(live, function(a, b) return a[1] < b[1] end)
+    local must = used + add - limit
+    local left = 0
+    for _, e in ipairs(live) do
+      left = left + e[2]
+      if left >= must then
+        local wait = 60 - (now - e[1])
+        if wait < 1 then wait = 1 end
+        return {1, i, wait}
+      end
+    end
+    return {1, i, 60}
+  end
+end
+local base = 2 + 2 * nw
+for j = nw + 1, #KEYS do
+  local budget = tonumber(ARGV[base + (j - nw)])
+  local spent = tonumber(redis.call('GET', KEYS[j]) or '0')
+  if spent >= budget then
+    return {2, j - nw}
+  end
+end
+for i = 1, nw do
+  local add = tonumber(ARGV[2 + 2 * i])
+  if add > 0 then
+    redis.call('HINCRBY', KEYS[i], ARGV[1], add)
+    redis.call('EXPIRE', KEYS[i], 120)
+  end
+end
+return {0}
 ";
 
 /// A Redis server as the replicas' meeting point.
@@ -159,6 +218,53 @@ fn pairs(v: &Value) -> Option<&[Value]> {
     match v {
         Value::Array(items) if items.len() % 2 == 0 => Some(items),
         _ => None,
+    }
+}
+
+impl RedisBackend {
+    /// One exact admission ([`super::admit`]): one script, one round trip.
+    pub async fn admit(&self, ask: &Ask) -> Result<Answer, StateError> {
+        let mut conn = self.connection().await?;
+        let p = &self.prefix;
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(ADMIT_SCRIPT)
+            .arg(ask.windows.len() + ask.spends.len());
+        for (name, _, _) in &ask.windows {
+            cmd.arg(format!("{p}{name}"));
+        }
+        for (name, _) in &ask.spends {
+            cmd.arg(format!("{p}{name}"));
+        }
+        cmd.arg(ask.now_s).arg(ask.windows.len());
+        for (_, limit, add) in &ask.windows {
+            cmd.arg(*limit).arg(*add);
+        }
+        for (_, budget) in &ask.spends {
+            cmd.arg(*budget);
+        }
+        let reply: Value = match cmd.query_async(&mut conn).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.forget_connection().await;
+                return Err(describe(e));
+            }
+        };
+        let Value::Array(items) = reply else {
+            return Err(malformed("the admission"));
+        };
+        let at = |i: usize| items.get(i).and_then(int);
+        let index = |i: usize| at(i).and_then(|n| usize::try_from(n).ok()?.checked_sub(1));
+        match at(0) {
+            Some(0) => Ok(Answer::Admitted),
+            Some(1) => Ok(Answer::WindowFull {
+                index: index(1).ok_or_else(|| malformed("the admission"))?,
+                wait_s: at(2).unwrap_or(60).max(1),
+            }),
+            Some(2) => Ok(Answer::BudgetSpent {
+                index: index(1).ok_or_else(|| malformed("the admission"))?,
+            }),
+            _ => Err(malformed("the admission")),
+        }
     }
 }
 

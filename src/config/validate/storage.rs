@@ -3,7 +3,7 @@
 
 use super::admin::is_env_name;
 use crate::config::schema::{LedgerSection, StateSection};
-use crate::config::types::{LedgerConfig, LedgerStore, StateConfig};
+use crate::config::types::{LedgerConfig, LedgerStore, SharedLimits, StateConfig};
 use crate::config::values::parse_duration;
 use crate::config::ConfigError;
 
@@ -86,10 +86,22 @@ pub(super) fn validate_state(s: &StateSection, errs: &mut Vec<ConfigError>) -> O
             "at most 64 characters, no whitespace",
         ));
     }
+    let limits = match s.limits.as_deref() {
+        None | Some("exact") => SharedLimits::Exact,
+        Some("synced") => SharedLimits::Synced,
+        Some(other) => {
+            errs.push(ConfigError::new(
+                "state.limits",
+                format!("{other:?} is not one of exact, synced"),
+            ));
+            SharedLimits::Exact
+        }
+    };
     Some(StateConfig {
         redis_url_env: s.redis_url_env.clone(),
         sync_interval: sync_interval?,
         key_prefix: s.key_prefix.clone(),
         timeout: timeout?,
+        limits,
     })
 }

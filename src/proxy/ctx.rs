@@ -69,8 +69,6 @@ pub struct Admitted {
     pub terms: Terms,
     /// Signalbox drives the attempts itself (its own driver), not Pingora's proxy loop.
     pub driven: bool,
-    /// Some candidate speaks the other dialect (its answers are translated).
-    pub translates: bool,
     /// Hash of `x-llm-session`, when the caller sent one.
     pub session: Option<u64>,
     /// Seed of this request's random draws (retry jitter).

@@ -181,7 +181,6 @@ pub fn plan_request(
             failover_on_client_error,
         },
         driven,
-        translates,
         session: session_hash,
         seed,
         attempts: Attempts::new(first),

@@ -328,11 +328,6 @@ fn routing_reason(
     out.value()
 }
 
-/// A rough token count from body bytes (about four bytes a token for English JSON).
-pub fn estimate_input_tokens(body_len: usize) -> u64 {
-    (body_len as u64).div_ceil(4)
-}
-
 /// `gateway;dur=…, upstream;dur=…, total;dur=…` in milliseconds to a tenth (integer
 /// arithmetic: float formatting costs more than the rest of the header).
 fn server_timing(ctx: &RequestCtx, now: Instant) -> Option<HeaderValue> {

@@ -332,3 +332,211 @@ async fn a_paused_redis_never_holds_a_request_past_the_timeout() {
     );
     paused.join().unwrap();
 }
+
+/// Two deployments of `m` with `a_extra` on a's (priority 1) and a key with `key_extra`;
+/// a slow sync, so only exact admission keeps the replicas in step.
+fn deployment_config(
+    a: &signalbox_mock::MockHandle,
+    b: &signalbox_mock::MockHandle,
+    a_extra: &str,
+    key_extra: &str,
+) -> String {
+    format!(
+        "providers:\n{}{}models:\n  m:\n    strategy: priority\n    deployments: [{{ provider: a, model: up-a, priority: 1{a_extra} }}, {{ provider: b, model: up-b, priority: 2 }}]\nkeys:\n  - {{ id: shared, key_sha256: \"{}\"{key_extra} }}\nstate: {{ redis_url_env: SB_TEST_REDIS_URL, sync_interval: 900ms }}\n",
+        provider("a", a),
+        provider("b", b),
+        sha256_hex(KEY.as_bytes()),
+    )
+}
+
+/// A request whose estimate is its output bound: 1,000 tokens ($0.01 at $10 per million).
+async fn post_bounded(gw: &Gateway) -> reqwest::Response {
+    client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&json!({"model": "m", "max_tokens": 1000, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Send one request to `first` (a's answer held back 1.5 s) and, once a has it — so its
+/// admission is in the store — one to `second`: two requests in flight at once on two
+/// replicas. Returns both answers.
+async fn overlapping(
+    a: &signalbox_mock::MockHandle,
+    first: &Gateway,
+    second: &Gateway,
+) -> (reqwest::Response, reqwest::Response) {
+    a.push_script([signalbox_mock::Behaviour::SlowHeader { ms: 1_500 }]);
+    let url = first.url("/v1/chat/completions");
+    let held = tokio::spawn(async move {
+        client()
+            .post(url)
+            .bearer_auth(KEY)
+            .json(&json!({"model": "m", "max_tokens": 1000, "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap()
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.calls() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the first request never reached a"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let other = post_bounded(second).await;
+    (held.await.unwrap(), other)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deployments_rpm_holds_exactly_across_replicas() {
+    let Some(redis) = Redis::start() else { return };
+    let a = mock("a").await;
+    let b = mock("b").await;
+    let cfg = deployment_config(&a, &b, ", rpm: 4", "");
+    let one = replica(&cfg, &redis);
+    let two = replica(&cfg, &redis);
+    for gw in [&one, &one, &two, &two] {
+        let r = post(gw).await;
+        assert_eq!(header(&r, "x-llm-provider"), "a");
+    }
+    // a's minute is full in the store: either replica skips it without a call.
+    for gw in [&one, &two] {
+        let r = post(gw).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-llm-provider"), "b");
+        assert_eq!(header(&r, "x-llm-attempts"), "1", "a skipped, not called");
+    }
+    assert_eq!(a.calls(), 4, "exactly a's rpm reached it");
+    let skipped = r#"signalbox_skipped_candidates_total{reason="rpm_full"}"#;
+    assert!(sample(&one, skipped).await >= 1);
+    assert_eq!(sample(&one, "signalbox_state_fallbacks_total").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deployments_tpm_reserves_the_estimate_across_replicas() {
+    let Some(redis) = Redis::start() else { return };
+    let a = mock("a").await;
+    let b = mock("b").await;
+    // Room for one request's estimate (1,000 output tokens and the prompt), not two.
+    let cfg = deployment_config(&a, &b, ", tpm: 1500", "");
+    let one = replica(&cfg, &redis);
+    let two = replica(&cfg, &redis);
+    let (first, second) = overlapping(&a, &one, &two).await;
+    assert_eq!(header(&first, "x-llm-provider"), "a");
+    assert_eq!(
+        header(&second, "x-llm-provider"),
+        "b",
+        "the first's reservation filled a's minute in the store"
+    );
+    assert_eq!(a.calls(), 1);
+    // The first's answer used a few tokens: settled, the reservation is given back, and once
+    // the replicas synced a has room again.
+    agree(&one, &two).await;
+    let r = post_bounded(&two).await;
+    assert_eq!(
+        header(&r, "x-llm-provider"),
+        "a",
+        "the settled usage left room"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn budgets_reserve_the_estimate_and_settle_to_the_cost() {
+    let Some(redis) = Redis::start() else { return };
+    let a = mock("a").await;
+    let b = mock("b").await;
+    // An estimate of $0.01 against $0.015 budgets: one reservation fits, two do not.
+    let price = ", price: { input_per_mtok: 10, output_per_mtok: 10 }";
+    let cfg = deployment_config(
+        &a,
+        &b,
+        &format!("{price}, budget: {{ usd: 0.015, period: day }}"),
+        "",
+    );
+    let one = replica(&cfg, &redis);
+    let two = replica(&cfg, &redis);
+    let (first, second) = overlapping(&a, &one, &two).await;
+    assert_eq!(header(&first, "x-llm-provider"), "a");
+    assert_eq!(
+        header(&second, "x-llm-provider"),
+        "b",
+        "a's budget is reserved by the request in flight"
+    );
+    agree(&one, &two).await;
+    let r = post_bounded(&two).await;
+    assert_eq!(
+        header(&r, "x-llm-provider"),
+        "a",
+        "the answer cost a fraction of its estimate: settled, a's budget has room"
+    );
+
+    // A key's budget: the second request in flight is the caller's 429.
+    let a = mock("a").await;
+    let b = mock("b").await;
+    let cfg = deployment_config(&a, &b, price, ", budget: { usd: 0.015, period: day }");
+    let one = replica(&cfg, &redis);
+    let two = replica(&cfg, &redis);
+    let (first, second) = overlapping(&a, &one, &two).await;
+    assert_eq!(first.status(), 200);
+    assert_eq!(second.status(), 429);
+    assert!(header(&second, "retry-after").parse::<u64>().unwrap() >= 1);
+    let v: Value = second.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "budget_exceeded");
+    assert_eq!(
+        b.calls(),
+        0,
+        "a key's spent budget is no reason to fail over"
+    );
+    agree(&one, &two).await;
+    assert_eq!(
+        post_bounded(&two).await.status(),
+        200,
+        "settled to the cost"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failover_target_full_in_the_store_is_passed_over_on_pingoras_loop() {
+    let Some(redis) = Redis::start() else { return };
+    let a = mock("a").await;
+    a.set_default(status(500));
+    let b = mock("b").await;
+    let c = mock("c").await;
+    // Streams with the hold off fail over on Pingora's loop (`upstream_peer`); the requests
+    // follow each other well within a sync round, so only the store knows b's minute is full.
+    let cfg = format!(
+        "providers:\n{}{}{}models:\n  m:\n    strategy: priority\n    deployments: [{{ provider: a, model: up-a, priority: 1 }}, {{ provider: b, model: up-b, priority: 2, rpm: 1 }}, {{ provider: c, model: up-c, priority: 3 }}]\nhealth: {{ failure_threshold: 100 }}\nfailover: {{ first_chunk_hold: 0 }}\nstate: {{ redis_url_env: SB_TEST_REDIS_URL, sync_interval: 900ms }}\n",
+        provider("a", &a),
+        provider("b", &b),
+        provider("c", &c),
+    );
+    let one = replica(&cfg, &redis);
+    let two = replica(&cfg, &redis);
+    let stream = |gw: &Gateway| {
+        client()
+            .post(gw.url("/v1/chat/completions"))
+            .json(&json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+    };
+    let r = stream(&two).await.unwrap();
+    assert_eq!(header(&r, "x-llm-provider"), "b");
+    let _ = r.text().await.unwrap();
+    let r = stream(&one).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        header(&r, "x-llm-provider"),
+        "c",
+        "b's minute is full in the store"
+    );
+    assert_eq!(
+        header(&r, "x-llm-attempts"),
+        "2",
+        "a, then c: b was not called"
+    );
+    assert!(r.text().await.unwrap().contains("[DONE]"));
+    assert_eq!(b.calls(), 1);
+}

@@ -22,6 +22,7 @@ use crate::adapters::caller::CallerRequest;
 use crate::config::{BudgetConfig, ClientKeyConfig, ClientKeySource};
 pub use crate::limits::budget::cost_micro_usd;
 use crate::limits::budget::Spend;
+use crate::limits::hold::Reserved;
 use crate::limits::window::Window;
 
 /// Output tokens assumed for a request that sets no `max_tokens` (DESIGN §8).
@@ -148,9 +149,16 @@ impl ClientKey {
     }
 
     /// Count a request the shared store admitted (it already holds it): its request and
-    /// tokens, as the store does, so the sync does not push them again.
-    pub fn admitted_shared(&self, now_s: u64, tokens: u64) -> Reservation {
+    /// tokens, and the estimated cost it reserved in the key's and its user's budgets, as the
+    /// store does, so the sync does not push them again.
+    pub fn admitted_shared(&self, now_s: u64, tokens: u64, cost: u64) -> Reservation {
         let s = &self.state;
+        if let Some(budget) = &self.budget {
+            s.spend.add_pushed(budget.period, now_s, cost);
+        }
+        if let Some((budget, spend)) = &self.user_budget {
+            spend.add_pushed(budget.period, now_s, cost);
+        }
         if self.rpm.is_some() {
             s.requests.add_pushed(now_s, 1);
         } else {
@@ -167,8 +175,17 @@ impl ClientKey {
         }
     }
 
-    /// Settle a request: its tokens as reported (`None`: the estimate stands) and what it cost.
-    pub fn settle(&self, reservation: Reservation, now_s: u64, used: Option<u64>, micro_usd: u64) {
+    /// Settle a request: its tokens as reported (`None`: the estimate stands) and what it cost
+    /// (`None`: unknown). A cost reserved at admission settles to what it cost (unknown: the
+    /// estimate stands); otherwise what it cost is spent.
+    pub fn settle(
+        &self,
+        reservation: Reservation,
+        now_s: u64,
+        used: Option<u64>,
+        cost: Option<u64>,
+        reserved: Option<Reserved>,
+    ) {
         let s = &self.state;
         if let Some(used) = used {
             if used < reservation.tokens {
@@ -177,12 +194,18 @@ impl ClientKey {
                 s.tokens.add(now_s, used - reservation.tokens);
             }
         }
-        if micro_usd > 0 {
-            if let Some(budget) = &self.budget {
-                s.spend.add(budget.period, now_s, micro_usd);
-            }
-            if let Some((budget, spend)) = &self.user_budget {
-                spend.add(budget.period, now_s, micro_usd);
+        let budgets = [
+            self.budget.as_ref().map(|b| (b, &s.spend)),
+            self.user_budget.as_ref().map(|(b, spend)| (b, &**spend)),
+        ];
+        for (budget, spend) in budgets.into_iter().flatten() {
+            match reserved {
+                Some(r) => r.settle_spend(spend, budget.period, now_s, cost),
+                None => {
+                    if let Some(c) = cost.filter(|c| *c > 0) {
+                        spend.add(budget.period, now_s, c);
+                    }
+                }
             }
         }
     }
@@ -438,7 +461,7 @@ mod tests {
         let (t, _) = KeyTable::build(&[c], &[], &[], None, &env);
         let (_, k) = t.authenticate(b"sk-env").expect("from the environment");
         let r = k.admit(1_000, 400).expect("1 of 2");
-        k.settle(r, 1_001, Some(100), 300);
+        k.settle(r, 1_001, Some(100), Some(300), None);
         assert_eq!(
             k.state.tokens.used(1_001),
             100,
@@ -453,7 +476,7 @@ mod tests {
         );
         // Spend: 300 of 500 micro-USD, then 300 more: spent.
         let r = k.admit(1_070, 10).expect("a new minute");
-        k.settle(r, 1_071, None, 300);
+        k.settle(r, 1_071, None, Some(300), None);
         assert!(matches!(k.admit(1_140, 1), Err(Refusal::BudgetExceeded(_))));
         let missing = KeyTable::build(&[config("x", "a")], &[], &[], None, &|_| None).0;
         assert_eq!(missing.len(), 1);

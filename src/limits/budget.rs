@@ -127,6 +127,28 @@ impl Spend {
         self.micro_usd.fetch_add(micro_usd, Ordering::AcqRel);
     }
 
+    /// Add `micro_usd` the shared store already holds (reserved there by a check-and-add):
+    /// counted here, and never pushed again by the sync.
+    pub fn add_pushed(&self, period: BudgetPeriod, now_s: u64, micro_usd: u64) {
+        self.turn(period_of(period, now_s).0);
+        self.micro_usd.fetch_add(micro_usd, Ordering::AcqRel);
+        self.pushed.fetch_add(micro_usd, Ordering::AcqRel);
+    }
+
+    /// Take back `micro_usd` added at `at_s` (a reservation the answer proved too large, or
+    /// an attempt that cost nothing), if its period is still the current one. What the store
+    /// already held of it is taken back there by the next sync.
+    pub fn sub(&self, period: BudgetPeriod, at_s: u64, micro_usd: u64) {
+        if self.period.load(Ordering::Acquire) != period_of(period, at_s).0 {
+            return;
+        }
+        let _ = self
+            .micro_usd
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v.saturating_sub(micro_usd))
+            });
+    }
+
     /// Make `index` the current period; the old period's counts are gone.
     fn turn(&self, index: u64) {
         let seen = self.period.load(Ordering::Acquire);
@@ -143,21 +165,25 @@ impl Spend {
     }
 
     /// For the state sync: the current period's index and what this replica spent in it since
-    /// the last push (marked pushed by [`commit`](Self::commit) once the store has it).
-    pub fn pending(&self, period: BudgetPeriod, now_s: u64) -> (u64, u64) {
+    /// the last push (negative when a reservation was given back; marked pushed by
+    /// [`commit`](Self::commit) once the store has it).
+    #[allow(clippy::cast_possible_wrap)]
+    pub fn pending(&self, period: BudgetPeriod, now_s: u64) -> (u64, i64) {
         let (index, _) = period_of(period, now_s);
         self.turn(index);
         let spent = self.micro_usd.load(Ordering::Acquire);
-        (
-            index,
-            spent.saturating_sub(self.pushed.load(Ordering::Acquire)),
-        )
+        let pushed = self.pushed.load(Ordering::Acquire);
+        (index, spent as i64 - pushed as i64)
     }
 
     /// The store took `delta` of period `index` (from [`pending`](Self::pending)).
-    pub fn commit(&self, index: u64, delta: u64) {
+    pub fn commit(&self, index: u64, delta: i64) {
         if self.period.load(Ordering::Acquire) == index {
-            self.pushed.fetch_add(delta, Ordering::AcqRel);
+            let _ = self
+                .pushed
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                    Some(v.saturating_add_signed(delta))
+                });
         }
     }
 

@@ -5,5 +5,6 @@
 //! rate-limit headers.
 
 pub mod budget;
+pub mod hold;
 pub mod provider;
 pub mod window;

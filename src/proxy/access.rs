@@ -1,20 +1,24 @@
 //! Access: the caller's key, checked before anything else is done for the request — who it is
 //! (401), whether it may name what it named (403, naming nothing it may not see), whether its
-//! minute and its budget have room (429 with `Retry-After`) — and, when the request ends, what
-//! it actually used and spent. With no `keys` section every caller is let through.
+//! request could ever fit its `tpm` (413) — then, with the first target (`proxy::admission`),
+//! whether its minute and its budget and the gateway's have room (429 with `Retry-After`);
+//! and, when the request ends, what it actually used and spent. With no `keys` section every
+//! caller is let through.
 
 use http::HeaderMap;
 
-use super::ctx::RequestCtx;
+use super::ctx::{RequestAdmission, RequestCtx};
 use crate::adapters::caller::CallerRequest;
 use crate::adapters::tokenizer::{self, Encoding};
-use crate::config::BudgetPeriod;
+use crate::config::{BudgetConfig, BudgetPeriod};
 use crate::error::{ErrorCode, GatewayError};
 use crate::keys::{self, cost_micro_usd, ClientKey, Refusal};
+use crate::limits::budget::Spend;
 use crate::limits::budget::{period_of, seconds_to_reset};
+use crate::limits::hold::Reserved;
 use crate::routing::decide::KeyFacts;
 use crate::snapshot::Snapshot;
-use crate::state::{self, admit::Answer, admit::Ask, admit::SharedAdmission};
+use crate::state::{self, admit::Ask, admit::SpendAsk};
 
 /// The wall clock in whole seconds, from the health clock (injectable).
 fn now_s(ctx: &RequestCtx) -> u64 {
@@ -47,77 +51,71 @@ pub fn authenticate(
     }
 }
 
-/// Whether the key may send this request's names (`model`, `routing.policy`, `x-llm-route`),
-/// then whether its limits have room; the request is counted against them when admitted.
-/// With exact shared limits (`shared`), the key's and its user's limits are admitted by one
-/// check-and-add in the shared store; past `state.timeout` on local counters.
-pub async fn admit(
+/// Whether the key may send this request's names (`model`, `routing.policy`,
+/// `x-llm-route`), and whether its estimated tokens could ever fit the key's `tpm`. What is
+/// left — the gateway's budget, the key's windows and budgets — is admitted with the first
+/// target (see `proxy::admission`), once the request is planned.
+pub fn check(
     ctx: &mut RequestCtx,
     snapshot: &Snapshot,
     request: &CallerRequest,
     route_header: Option<&[u8]>,
-    shared: Option<&SharedAdmission>,
 ) -> Result<(), GatewayError> {
-    if let Some(budget) = &snapshot.global_budget {
-        // The whole gateway's budget: spent, nothing is sent anywhere.
-        if let Err(secs) = snapshot.global_spend.check(budget, now_s(ctx)) {
+    let key = key(ctx, snapshot);
+    if key.is_none() && snapshot.global_budget.is_none() {
+        return Ok(());
+    }
+    let mut tokens = 0;
+    if let Some(key) = key {
+        if !key.allows_request(request, route_header) {
+            // Says only that it is not allowed: never whether the name exists.
             return Err(GatewayError::new(
-                ErrorCode::BudgetExceeded,
-                "the gateway has spent its budget for the period",
-            )
-            .with_retry_after(Some(secs)));
+                ErrorCode::ModelNotAllowed,
+                "this API key may not use the model or route it named",
+            ));
+        }
+        let output = request
+            .max_tokens()
+            .unwrap_or(keys::DEFAULT_OUTPUT_ESTIMATE);
+        tokens = request.prompt_tokens() + output;
+        if let Some(tpm) = key.tpm {
+            // Near the key's limit the estimate's error could decide: counted exactly.
+            if tokenizer::near(tokens, tpm) {
+                if let Some(exact) = request.exact_tokens(Encoding::O200k) {
+                    tokens = exact + output;
+                }
+            }
+            if tokens > tpm {
+                // Waiting cannot help: no Retry-After, so a client does not retry it.
+                return Err(GatewayError::new(
+                    ErrorCode::TokensExceedLimit,
+                    "this request's estimated tokens exceed the API key's tokens-per-minute limit; a smaller request can pass",
+                ));
+            }
         }
     }
+    ctx.admission = RequestAdmission::Pending { tokens };
+    Ok(())
+}
+
+/// Admit the request on this replica's counters: the gateway's budget, then the key's limits;
+/// the request is counted against them when admitted.
+pub fn admit_locally(
+    ctx: &mut RequestCtx,
+    snapshot: &Snapshot,
+    tokens: u64,
+) -> Result<(), GatewayError> {
+    let now = now_s(ctx);
+    if let Some(budget) = &snapshot.global_budget {
+        // The whole gateway's budget: spent, nothing is sent anywhere.
+        if let Err(secs) = snapshot.global_spend.check(budget, now) {
+            return Err(gateway_budget_exceeded(secs));
+        }
+    }
+    ctx.admission = RequestAdmission::Done;
     let Some(key) = key(ctx, snapshot) else {
         return Ok(());
     };
-    if !key.allows_request(request, route_header) {
-        // Says only that it is not allowed: never whether the name exists.
-        return Err(GatewayError::new(
-            ErrorCode::ModelNotAllowed,
-            "this API key may not use the model or route it named",
-        ));
-    }
-    let output = request
-        .max_tokens()
-        .unwrap_or(keys::DEFAULT_OUTPUT_ESTIMATE);
-    let mut tokens = request.prompt_tokens() + output;
-    if let Some(tpm) = key.tpm {
-        // Near the key's limit the estimate's error could decide: counted exactly.
-        if tokenizer::near(tokens, tpm) {
-            if let Some(exact) = request.exact_tokens(Encoding::O200k) {
-                tokens = exact + output;
-            }
-        }
-        if tokens > tpm {
-            // Waiting cannot help: no Retry-After, so a client does not retry it.
-            return Err(GatewayError::new(
-                ErrorCode::TokensExceedLimit,
-                "this request's estimated tokens exceed the API key's tokens-per-minute limit; a smaller request can pass",
-            ));
-        }
-    }
-    let now = now_s(ctx);
-    if let Some(shared) = shared {
-        let (ask, budgets) = shared_ask(key, now, tokens);
-        if !ask.windows.is_empty() || !ask.spends.is_empty() {
-            match shared.admit(&ask).await {
-                Some(Answer::Admitted) => {
-                    ctx.key_reservation = Some(key.admitted_shared(now, tokens));
-                    return Ok(());
-                }
-                Some(Answer::WindowFull { wait_s, .. }) => {
-                    return Err(rate_limited(wait_s));
-                }
-                Some(Answer::BudgetSpent { index }) => {
-                    let period = budgets.get(index).copied().unwrap_or(BudgetPeriod::Total);
-                    return Err(budget_exceeded(seconds_to_reset(period, now)));
-                }
-                // Past state.timeout, or Redis away: the local counters decide.
-                None => {}
-            }
-        }
-    }
     match key.admit(now, tokens) {
         Ok(reservation) => {
             ctx.key_reservation = Some(reservation);
@@ -128,7 +126,84 @@ pub async fn admit(
     }
 }
 
-fn rate_limited(secs: u64) -> GatewayError {
+/// A budget of the request itself, in a shared ask.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestBudget {
+    pub period: BudgetPeriod,
+    /// The gateway's (else the key's or its user's).
+    pub gateway: bool,
+}
+
+/// What the request itself asks of the shared store, added to `ask`: the key's rpm and tpm
+/// windows (one request, `tokens`), the key's, its user's and the gateway's budgets, each
+/// reserving `cost`; returns those budgets in the ask's order.
+pub fn request_ask(
+    ctx: &RequestCtx,
+    snapshot: &Snapshot,
+    tokens: u64,
+    cost: u64,
+    ask: &mut Ask,
+) -> Vec<RequestBudget> {
+    let now_s = ask.now_s;
+    let mut budgets = Vec::new();
+    let mut spend = |ask: &mut Ask, counter: &str, budget: BudgetConfig, gateway: bool| {
+        let (index, _) = period_of(budget.period, now_s);
+        ask.spends.push(SpendAsk {
+            name: state::spend_key(counter, budget.period, index),
+            budget: budget.micro_usd,
+            reserve: cost,
+            ttl: state::spend_ttl(budget.period),
+        });
+        budgets.push(RequestBudget {
+            period: budget.period,
+            gateway,
+        });
+    };
+    if let Some(key) = key(ctx, snapshot) {
+        if let Some(rpm) = key.rpm {
+            let name = state::window_key(&state::key_counter(&key.id, "rpm"));
+            ask.windows.push((name, u64::from(rpm), 1));
+        }
+        if let Some(tpm) = key.tpm {
+            let name = state::window_key(&state::key_counter(&key.id, "tpm"));
+            ask.windows.push((name, tpm, tokens));
+        }
+        if let Some(b) = key.budget {
+            spend(ask, &state::key_counter(&key.id, ""), b, false);
+        }
+        if let (Some((b, _)), Some(user)) = (&key.user_budget, key.user.as_deref()) {
+            spend(ask, &state::user_counter(user), *b, false);
+        }
+    }
+    if let Some(b) = snapshot.global_budget {
+        spend(ask, state::GLOBAL_COUNTER, b, true);
+    }
+    budgets
+}
+
+/// Count a request the shared store admitted, as the store did: the key's request and
+/// tokens, and `cost` reserved in every budget of the request itself.
+pub fn admitted_shared(ctx: &mut RequestCtx, snapshot: &Snapshot, tokens: u64, cost: u64) {
+    let now = now_s(ctx);
+    ctx.admission = RequestAdmission::Done;
+    let mut reserved = false;
+    if let Some(key) = key(ctx, snapshot) {
+        ctx.key_reservation = Some(key.admitted_shared(now, tokens, cost));
+        reserved = key.budget.is_some() || key.user_budget.is_some();
+    }
+    if let Some(b) = &snapshot.global_budget {
+        snapshot.global_spend.add_pushed(b.period, now, cost);
+        reserved = true;
+    }
+    if reserved && cost > 0 {
+        ctx.reserved_cost = Some(Reserved {
+            at_s: now,
+            amount: cost,
+        });
+    }
+}
+
+pub fn rate_limited(secs: u64) -> GatewayError {
     GatewayError::new(
         ErrorCode::RateLimited,
         "this API key is over its requests or tokens per minute",
@@ -136,7 +211,7 @@ fn rate_limited(secs: u64) -> GatewayError {
     .with_retry_after(Some(secs))
 }
 
-fn budget_exceeded(secs: u64) -> GatewayError {
+pub fn budget_exceeded(secs: u64) -> GatewayError {
     GatewayError::new(
         ErrorCode::BudgetExceeded,
         "this API key has spent its budget for the period",
@@ -144,47 +219,22 @@ fn budget_exceeded(secs: u64) -> GatewayError {
     .with_retry_after(Some(secs))
 }
 
-/// What a request under `key` asks of the shared store: its rpm and tpm windows (one request,
-/// `tokens`), its and its user's budgets; with each budget's period, in the ask's order.
-fn shared_ask(key: &ClientKey, now_s: u64, tokens: u64) -> (Ask, Vec<BudgetPeriod>) {
-    let mut ask = Ask {
-        now_s,
-        ..Ask::default()
-    };
-    if let Some(rpm) = key.rpm {
-        let name = state::window_key(&state::key_counter(&key.id, "rpm"));
-        ask.windows.push((name, u64::from(rpm), 1));
-    }
-    if let Some(tpm) = key.tpm {
-        let name = state::window_key(&state::key_counter(&key.id, "tpm"));
-        ask.windows.push((name, tpm, tokens));
-    }
-    let mut periods = Vec::new();
-    let budgets = [
-        key.budget.map(|b| (state::key_counter(&key.id, ""), b)),
-        key.user_budget
-            .as_ref()
-            .zip(key.user.as_deref())
-            .map(|((b, _), user)| (state::user_counter(user), *b)),
-    ];
-    for (counter, budget) in budgets.into_iter().flatten() {
-        let (index, _) = period_of(budget.period, now_s);
-        ask.spends.push((
-            state::spend_key(&counter, budget.period, index),
-            budget.micro_usd,
-        ));
-        periods.push(budget.period);
-    }
-    (ask, periods)
+pub fn gateway_budget_exceeded(secs: u64) -> GatewayError {
+    GatewayError::new(
+        ErrorCode::BudgetExceeded,
+        "the gateway has spent its budget for the period",
+    )
+    .with_retry_after(Some(secs))
 }
 
-/// Give back what an admitted request reserved when signalbox refused it before any call.
-pub fn refund(ctx: &mut RequestCtx, snapshot: &Snapshot) {
-    let (Some(key), Some(r)) = (key(ctx, snapshot), ctx.key_reservation.take()) else {
-        return;
-    };
-    key.state.requests.sub(r.at_s, 1);
-    key.state.tokens.sub(r.at_s, r.tokens);
+/// The refusal for a spent budget of the request itself.
+pub fn request_budget_spent(budget: RequestBudget, now_s: u64) -> GatewayError {
+    let secs = seconds_to_reset(budget.period, now_s);
+    if budget.gateway {
+        gateway_budget_exceeded(secs)
+    } else {
+        budget_exceeded(secs)
+    }
 }
 
 /// What conditions may read about the key.
@@ -205,6 +255,7 @@ pub fn facts<'t>(ctx: &RequestCtx, snapshot: &'t Snapshot) -> Option<KeyFacts<'t
 /// and the ledger.
 pub fn settle(ctx: &mut RequestCtx) -> u64 {
     let reservation = ctx.key_reservation.take();
+    let reserved_cost = ctx.reserved_cost.take();
     let ctx = &*ctx;
     let snapshot = &*ctx.snapshot;
     let now = now_s(ctx);
@@ -214,12 +265,19 @@ pub fn settle(ctx: &mut RequestCtx) -> u64 {
         Some((
             a.plan.deployment(&snapshot.catalog, s.target.position),
             usage,
+            a.attempts.served_hold,
         ))
     });
-    let (deployment, usage) = served.unwrap_or((None, None));
-    if let (Some(d), Some(u)) = (deployment, usage) {
-        if d.tpm.is_some() {
-            d.tokens.add(now, u.prompt_tokens + u.completion_tokens);
+    let (deployment, usage, hold) = served.unwrap_or_default();
+    let used = usage.map(|u| u.prompt_tokens + u.completion_tokens);
+    if let Some(d) = deployment {
+        match hold.tokens {
+            Some(r) => r.settle_window(&d.tokens, now, used),
+            None => {
+                if let (Some(used), Some(_)) = (used, d.tpm) {
+                    d.tokens.add(now, used);
+                }
+            }
         }
     }
     let cost = match (usage, deployment.and_then(|d| d.price)) {
@@ -235,28 +293,39 @@ pub fn settle(ctx: &mut RequestCtx) -> u64 {
         // Nothing to count against.
         return cost;
     }
-    if cost > 0 {
-        if let Some(d) = deployment {
-            let provider = snapshot.catalog.provider(d.provider);
-            let spends = [
-                (d.budget, &*d.spend),
-                (provider.budget, &*provider.spend),
-                (snapshot.global_budget, &*snapshot.global_spend),
-            ];
-            for (budget, spend) in spends {
-                if let Some(b) = budget {
-                    spend.add(b.period, now, cost);
-                }
-            }
+    // What a reservation settles to: the served answer's cost; unknown when a successful
+    // answer reported no usage (the estimate stands); nothing when no answer was served.
+    let spent = match (deployment, usage) {
+        (Some(_), Some(_)) => Some(cost),
+        // A relayed refusal cost nothing.
+        (Some(_), None) if ctx.downstream.status().is_some_and(|s| s >= 300) => Some(0),
+        (Some(_), None) => None,
+        (None, _) => Some(0),
+    };
+    let spend = |budget: Option<BudgetConfig>, on: &Spend, reserved: Option<Reserved>| {
+        let Some(b) = budget else { return };
+        match reserved {
+            Some(r) => r.settle_spend(on, b.period, now, spent),
+            None if cost > 0 => on.add(b.period, now, cost),
+            None => {}
         }
+    };
+    if let Some(d) = deployment {
+        let provider = snapshot.catalog.provider(d.provider);
+        spend(d.budget, &d.spend, hold.cost);
+        spend(provider.budget, &provider.spend, hold.cost);
     }
+    spend(
+        snapshot.global_budget,
+        &snapshot.global_spend,
+        reserved_cost,
+    );
     let Some(reservation) = reservation else {
         return cost;
     };
     let Some(key) = key(ctx, snapshot) else {
         return cost;
     };
-    let used = usage.map(|u| u.prompt_tokens + u.completion_tokens);
-    key.settle(reservation, now, used, cost);
+    key.settle(reservation, now, used, spent, reserved_cost);
     cost
 }

@@ -52,8 +52,9 @@ fn internal(why: &'static str) -> Box<Error> {
 }
 
 /// Start the next attempt: its peer (a pre-resolved address, TLS/SNI, timeouts), its health
-/// bookkeeping (the in-flight count, the probe slot it holds), its count. The body must have
-/// been prepared for its target ([`prepare_body`]).
+/// bookkeeping (the in-flight count, the probe slot it holds), its count. The target must
+/// have been admitted (`admission::admit_next`) and the body prepared for it
+/// ([`prepare_body`]).
 pub fn begin(snapshot: &Snapshot, a: &mut Admitted) -> pingora_error::Result<Box<HttpPeer>> {
     let next = a
         .attempts
@@ -61,6 +62,7 @@ pub fn begin(snapshot: &Snapshot, a: &mut Admitted) -> pingora_error::Result<Box
         .take()
         .ok_or_else(|| internal("no target left"))?;
     let target = next.target;
+    let hold = next.hold.unwrap_or_default();
     let deployment = a
         .plan
         .deployment(&snapshot.catalog, target.position)
@@ -88,9 +90,13 @@ pub fn begin(snapshot: &Snapshot, a: &mut Admitted) -> pingora_error::Result<Box
         status: None,
         guard: snapshot.health.begin(health_ref, next.claim),
         retry_after: None,
+        hold,
     });
-    // The deployment's request window (its `rpm`, its headroom), counted per call made.
-    deployment.requests.add(snapshot.health.shared.wall_s(), 1);
+    if hold.request_at.is_none() {
+        // The deployment's request window (its `rpm`, its headroom), counted per call made
+        // (exact shared admission already counted it).
+        deployment.requests.add(snapshot.health.shared.wall_s(), 1);
+    }
     // What an earlier attempt's response set up does not carry over.
     at.relay = Relay::passthrough();
     at.sse = false;

@@ -29,6 +29,7 @@ use crate::catalog::ProviderIdx;
 use crate::error::GatewayError;
 use crate::health::{InflightGuard, ProbeClaim};
 use crate::keys::Reservation;
+use crate::limits::hold::Reserved;
 use crate::routing::decide::Routed;
 use crate::routing::lead::splitmix64;
 use crate::routing::plan::{Plan, Target};
@@ -45,8 +46,13 @@ pub struct RequestCtx {
     pub snapshot: Arc<Snapshot>,
     /// The caller's key (its index in the snapshot's key table), when keys are configured.
     pub key: Option<usize>,
+    /// What the gateway and the caller's key must still admit (done with the first target).
+    pub admission: RequestAdmission,
     /// What the key reserved for this request (settled when it ends).
     pub key_reservation: Option<Reservation>,
+    /// The estimated cost exact admission reserved in the key's, its user's and the gateway's
+    /// budgets (settled to the served answer's cost when it ends).
+    pub reserved_cost: Option<Reserved>,
     /// Set once the request is admitted and planned.
     pub admitted: Option<Admitted>,
     pub downstream: Downstream,
@@ -54,6 +60,31 @@ pub struct RequestCtx {
     pub local_error: Option<GatewayError>,
     /// Counted in the in-flight gauge (released by `logging`).
     pub in_flight: bool,
+}
+
+/// Admission of the request itself (the gateway's budget, the caller's key), which happens
+/// once, with its first target's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestAdmission {
+    /// No gateway budget and no key: nothing to admit.
+    Open,
+    /// To be admitted, with the tokens the key's window counts for it.
+    Pending {
+        tokens: u64,
+    },
+    Done,
+}
+
+/// What exact shared admission counted for an attempt's deployment before the attempt
+/// started (all of it in the shared store and here alike).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttemptHold {
+    /// Its call, counted in the deployment's `rpm` window at this second.
+    pub request_at: Option<u64>,
+    /// Its estimated tokens, reserved in the deployment's `tpm` window.
+    pub tokens: Option<Reserved>,
+    /// Its estimated cost, reserved in the deployment's and its provider's budgets.
+    pub cost: Option<Reserved>,
 }
 
 /// What `request_filter` fixes for an admitted request.
@@ -95,6 +126,8 @@ pub struct Attempts {
     pub live: Option<Live>,
     /// The attempt whose answer is the caller's.
     pub served: Option<Served>,
+    /// What the served attempt's admission holds (settled to its answer's usage at the end).
+    pub served_hold: AttemptHold,
     /// The current (or last) attempt's response body on its way to the caller.
     pub relay: Relay,
     /// The current attempt's answer is a stream.
@@ -120,6 +153,7 @@ impl Attempts {
             next,
             live: None,
             served: None,
+            served_hold: AttemptHold::default(),
             relay: Relay::passthrough(),
             sse: false,
             conversion: Conversion::Same,
@@ -146,6 +180,8 @@ pub struct NextTarget {
     pub claim: Option<ProbeClaim>,
     /// Wait this long before calling (a same-target retry's backoff).
     pub delay: Duration,
+    /// Set once the target is admitted against the shared limits (see `proxy::admission`).
+    pub hold: Option<AttemptHold>,
 }
 
 /// The attempt in flight.
@@ -161,6 +197,8 @@ pub struct Live {
     pub guard: InflightGuard,
     /// The provider's `Retry-After` on a failure status, capped.
     pub retry_after: Option<Duration>,
+    /// What its admission counted in the shared limits.
+    pub hold: AttemptHold,
 }
 
 /// The attempt whose answer is the caller's.
@@ -252,7 +290,9 @@ impl RequestCtx {
             surface: Surface::ChatCompletions,
             snapshot,
             key: None,
+            admission: RequestAdmission::Open,
             key_reservation: None,
+            reserved_cost: None,
             admitted: None,
             downstream: Downstream::Pending,
             local_error: None,

@@ -31,6 +31,7 @@ use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 use tokio::time::{timeout, timeout_at, Instant};
 
+use super::admission::{self, Admission};
 use super::ctx::{Broke, RequestCtx};
 use super::settle::{self, Step};
 use super::{attempt, planning, respond, response};
@@ -39,6 +40,7 @@ use crate::attempt::verdict::HELD_BODY_LIMIT;
 use crate::attempt::{self as verdicts, BodyEnd, CommitAt, Outcome, Sent, Verdict};
 use crate::error::{ErrorCode, GatewayError};
 use crate::snapshot::Runtime;
+use crate::state::admit::SharedAdmission;
 
 /// How long an idle upstream connection stays in the driver's pool.
 const POOL_IDLE: Duration = Duration::from_secs(60);
@@ -63,6 +65,7 @@ pub async fn serve(
     ctx: &mut RequestCtx,
     runtime: &Runtime,
     connector: &Connector,
+    shared: Option<&SharedAdmission>,
 ) -> pingora_error::Result<bool> {
     loop {
         let prepared = {
@@ -85,6 +88,15 @@ pub async fn serve(
                 return Ok(true);
             }
             continue;
+        }
+        match admission::admit_next(ctx, shared).await {
+            Admission::Ready => {}
+            // Another target: its body may differ.
+            Admission::Moved => continue,
+            Admission::Refused(err) => {
+                respond::write_error(session, ctx, err).await?;
+                return Ok(true);
+            }
         }
         let delay = ctx
             .admitted
@@ -131,8 +143,16 @@ fn skip_unexpressible(
     } = ctx;
     let a = admitted.as_mut()?;
     let env = planning::plan_env(snapshot);
-    // Dropping the target gives back a probe slot it held.
-    a.attempts.next = None;
+    // Dropping the target gives back a probe slot it held; what its admission counted is
+    // given back too.
+    if let Some(next) = a.attempts.next.take() {
+        if let (Some(hold), Some(d)) = (
+            next.hold,
+            a.plan.deployment(&snapshot.catalog, next.target.position),
+        ) {
+            admission::release(snapshot, d, hold, false);
+        }
+    }
     a.attempts.unexpressible = Some(unexpressible);
     a.attempts.next = planning::next_target(
         &mut a.plan,

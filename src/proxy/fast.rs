@@ -16,6 +16,7 @@ use pingora_error::{Error, ErrorSource, ErrorType};
 use pingora_http::ResponseHeader;
 use pingora_proxy::{FailToProxy, Session};
 
+use super::admission::{self, Admission};
 use super::ctx::{Broke, Downstream, RequestCtx};
 use super::planning::{no_target_error, plan_env};
 use super::settle::{self, Step};
@@ -24,6 +25,7 @@ use crate::adapters::relay::stream_error_event;
 use crate::attempt::{self as verdicts, BodyEnd, Sent, Verdict};
 use crate::error::{ErrorCode, GatewayError};
 use crate::snapshot::Runtime;
+use crate::state::admit::SharedAdmission;
 
 fn internal(why: &'static str) -> Box<Error> {
     Error::explain(ErrorType::InternalError, why)
@@ -37,8 +39,20 @@ fn committed(session: &Session, ctx: &RequestCtx) -> bool {
             .is_some_and(|r| !r.status.is_informational())
 }
 
-/// `upstream_peer`: the next attempt's peer, after its backoff.
-pub async fn peer(ctx: &mut RequestCtx) -> pingora_error::Result<Box<HttpPeer>> {
+/// `upstream_peer`: the next attempt's peer, once admitted, after its backoff. A target the
+/// shared store refuses is passed over for the plan's next; none left is an error, which
+/// `fail_to_proxy` ([`answer`]) answers from the plan.
+pub async fn peer(
+    ctx: &mut RequestCtx,
+    shared: Option<&SharedAdmission>,
+) -> pingora_error::Result<Box<HttpPeer>> {
+    loop {
+        match admission::admit_next(ctx, shared).await {
+            Admission::Ready => break,
+            Admission::Moved => {}
+            Admission::Refused(_) => return Err(internal("no target admitted")),
+        }
+    }
     let RequestCtx {
         snapshot,
         admitted,

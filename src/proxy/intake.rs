@@ -7,6 +7,7 @@
 use http::{header, Method};
 use pingora_proxy::Session;
 
+use super::admission::{self, Admission};
 use super::body::{self, BodyError, Framing};
 use super::ctx::RequestCtx;
 use super::{access, driven, planning, respond};
@@ -67,11 +68,10 @@ pub async fn admit(
                         .headers
                         .get(&respond::names::X_LLM_ROUTE)
                         .map(http::HeaderValue::as_bytes);
-                    match access::admit(ctx, &snapshot, &request, route, shared).await {
+                    match access::check(ctx, &snapshot, &request, route) {
                         Err(refusal) => Err(refusal),
                         Ok(()) => {
                             planning::plan_request(session, ctx, runtime, request, own_replay)
-                                .inspect_err(|_| access::refund(ctx, &snapshot))
                         }
                     }
                 }
@@ -83,19 +83,38 @@ pub async fn admit(
             let driven = admitted.driven;
             ctx.admitted = Some(admitted);
             match planning::first_target_missing(ctx) {
-                None if driven => return driven::serve(session, ctx, runtime, connector).await,
-                None => return Ok(false),
-                Some(refusal) => {
-                    // Nothing was called: the request consumes none of the key's limits.
-                    access::refund(ctx, &snapshot);
-                    refusal
-                }
+                // The request's own limits (and, with exact shared limits, its first target's)
+                // are admitted once it has somewhere to go: a request nothing could serve
+                // consumes none of them.
+                None => match first_admission(ctx, shared).await {
+                    None if driven => {
+                        return driven::serve(session, ctx, runtime, connector, shared).await
+                    }
+                    None => return Ok(false),
+                    Some(refusal) => refusal,
+                },
+                Some(refusal) => refusal,
             }
         }
         Err(refusal) => refusal,
     };
     respond::write_error(session, ctx, refusal).await?;
     Ok(true)
+}
+
+/// Admit the request and its first target (moving on while the shared store finds targets
+/// full); `Some` is the caller's refusal.
+async fn first_admission(
+    ctx: &mut RequestCtx,
+    shared: Option<&SharedAdmission>,
+) -> Option<GatewayError> {
+    loop {
+        match admission::admit_next(ctx, shared).await {
+            Admission::Ready => return None,
+            Admission::Moved => {}
+            Admission::Refused(refusal) => return Some(refusal),
+        }
+    }
 }
 
 /// The request line and headers: the endpoint, the method, the header budget.

@@ -32,6 +32,7 @@
 //! context; `body` is how any body size is replayed.
 
 pub mod access;
+pub mod admission;
 pub mod attempt;
 pub mod body;
 pub mod ctx;
@@ -124,7 +125,7 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         ctx: &mut Self::CTX,
     ) -> pingora_error::Result<Box<HttpPeer>> {
-        fast::peer(ctx).await
+        fast::peer(ctx, self.shared.as_deref()).await
     }
 
     async fn upstream_request_filter(

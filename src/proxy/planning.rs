@@ -71,6 +71,7 @@ pub fn next_target(
             target: choice.target,
             claim,
             delay: std::time::Duration::ZERO,
+            hold: None,
         });
     }
 }

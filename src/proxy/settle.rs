@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use super::ctx::{Admitted, NextTarget, RequestCtx, Served};
+use super::ctx::{Admitted, AttemptHold, NextTarget, RequestCtx, Served};
 use super::planning::{next_target, no_target_error, plan_env};
 use crate::attempt::schedule::{self, Failed};
 use crate::attempt::{self, CommitAt, Next, Outcome, Scope, Sent, Terms, Verdict};
@@ -108,7 +108,7 @@ pub fn apply(ctx: &mut RequestCtx, verdict: Verdict) -> Step {
             Step::Commit
         }
         Verdict::Ended(outcome) => {
-            settle(a, outcome);
+            settle(snapshot, a, outcome, Held::Served);
             Step::Ended
         }
         Verdict::Refuse { .. } => {
@@ -120,7 +120,7 @@ pub fn apply(ctx: &mut RequestCtx, verdict: Verdict) -> Step {
                     header_at: l.header_at,
                 });
             }
-            settle(a, Outcome::ClientError);
+            settle(snapshot, a, Outcome::ClientError, Held::Released);
             Step::Refuse
         }
         Verdict::Retry { outcome, scope } => {
@@ -141,7 +141,7 @@ pub fn apply(ctx: &mut RequestCtx, verdict: Verdict) -> Step {
                 a.plan.require_context_above(floor);
                 a.attempts.failures.note_context_exceeded();
             }
-            settle(a, outcome);
+            settle(snapshot, a, outcome, Held::Released);
             if outcome != Outcome::StaleConnection {
                 a.attempts.failures.record(outcome);
             }
@@ -184,6 +184,7 @@ pub fn apply(ctx: &mut RequestCtx, verdict: Verdict) -> Step {
                         },
                         claim: None,
                         delay,
+                        hold: None,
                     });
                     Step::Again
                 }
@@ -211,13 +212,33 @@ pub fn apply(ctx: &mut RequestCtx, verdict: Verdict) -> Step {
     }
 }
 
-/// Close the live attempt with its outcome: its record, and what health learns from it (which
-/// also settles a probe slot it held).
-fn settle(a: &mut Admitted, outcome: Outcome) {
+/// What becomes of what an attempt's admission holds in the shared limits when it ends.
+#[derive(Clone, Copy)]
+enum Held {
+    /// Its answer is the caller's: settled to its usage when the request ends.
+    Served,
+    /// It failed, or relayed a refusal: its reserved tokens and cost are given back (the call
+    /// stays counted).
+    Released,
+}
+
+/// Close the live attempt with its outcome: its record, what health learns from it (which
+/// also settles a probe slot it held), and what its admission holds.
+fn settle(snapshot: &Snapshot, a: &mut Admitted, outcome: Outcome, held: Held) {
     let at = &mut a.attempts;
     let Some(live) = at.live.take() else {
         return;
     };
+    match held {
+        Held::Served => at.served_hold = live.hold,
+        Held::Released => {
+            if live.hold != AttemptHold::default() {
+                if let Some(d) = a.plan.deployment(&snapshot.catalog, live.target.position) {
+                    super::admission::release(snapshot, d, live.hold, true);
+                }
+            }
+        }
+    }
     let now = Instant::now();
     let target = (live.target.position, live.target.credential);
     if let Some(prev) = at.log.last_mut() {

@@ -530,6 +530,28 @@ impl Plan {
         self.skip(choice.target.position, SkipReason::ProbeBusy);
     }
 
+    /// The shared store refused this choice's deployment (a full window, a spent budget) that
+    /// this replica's counters had not yet seen full: the target is skipped. `frees_s`: when
+    /// it can take the request again (the window's wait, the budget period's end).
+    pub fn refused_shared(
+        &mut self,
+        position: usize,
+        reason: SkipReason,
+        now_ms: u64,
+        frees_s: u64,
+    ) {
+        match reason {
+            SkipReason::OverBudget => {
+                self.budget_frees_s = Some(self.budget_frees_s.map_or(frees_s, |s| s.min(frees_s)));
+            }
+            _ => {
+                let frees = now_ms.saturating_add(frees_s.saturating_mul(1_000));
+                self.rpm_frees_ms = Some(self.rpm_frees_ms.map_or(frees, |s| s.min(frees)));
+            }
+        }
+        self.skip(position, reason);
+    }
+
     fn skip(&mut self, pos: usize, reason: SkipReason) {
         self.skipped[reason.index()] = self.skipped[reason.index()].saturating_add(1);
         if let Some(skips) = &mut self.skips {

@@ -1,16 +1,15 @@
-//! Exact admission of a key's and its user's limits across replicas (`state.limits: exact`).
+//! Exact admission across replicas (`state.limits: exact`).
 //!
-//! One Lua script per request checks every window the request counts against (the key's
-//! `rpm`, its `tpm` with the request's estimate) and every budget it spends from (the key's,
-//! its user's) against the totals every replica pushed, and only if all of them have room adds
-//! the request to the windows — atomically, so replicas on one Redis never together pass a
-//! limit. The replica then counts the admitted request locally as already pushed. The call is
-//! bounded by `state.timeout` (50 ms by default): past it, or when Redis is unreachable, the
-//! request is admitted on the replica's local counters, counted in
-//! `signalbox_state_fallbacks_total`, and the background sync reconciles. Budgets are checked,
-//! not reserved: a request's cost is known only from its answer, spent then and pushed by the
-//! sync, so concurrent requests at the very edge of a budget can pass it together by what they
-//! cost.
+//! One Lua script per attempt checks every window the attempt counts against (a key's `rpm`,
+//! its `tpm` with the request's estimate, a deployment's) and every budget it spends from (the
+//! key's, its user's, the gateway's, the deployment's, its provider's) against the totals every
+//! replica pushed, and only if all of them have room adds the request to the windows and its
+//! estimated cost to the budgets — atomically, so replicas on one Redis never together pass a
+//! limit. The replica then counts what was admitted locally as already pushed; the request
+//! path (`proxy::admission`) settles reservations to the answer's usage, and the sync carries
+//! the difference. The call is bounded by `state.timeout` (50 ms by default): past it, or when
+//! Redis is unreachable, the request is admitted on the replica's local counters, counted in
+//! `signalbox_state_fallbacks_total`, and the background sync reconciles.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,8 +25,28 @@ pub struct Ask {
     pub now_s: u64,
     /// Window counters: store name, limit, and what this request adds.
     pub windows: Vec<(String, u64, u64)>,
-    /// Spend counters: store name (period and index included), and the budget (micro-USD).
-    pub spends: Vec<(String, u64)>,
+    /// Spend counters, each with the budget it spends from.
+    pub spends: Vec<SpendAsk>,
+}
+
+/// One budget a request spends from.
+#[derive(Debug)]
+pub struct SpendAsk {
+    /// Store name (period and index included).
+    pub name: String,
+    /// The budget (micro-USD).
+    pub budget: u64,
+    /// The request's estimated cost, reserved when admitted (micro-USD).
+    pub reserve: u64,
+    /// How long the period's spend is kept in the store (`None`: forever).
+    pub ttl: Option<Duration>,
+}
+
+impl Ask {
+    /// Nothing to ask: no limit counts this request.
+    pub fn is_empty(&self) -> bool {
+        self.windows.is_empty() && self.spends.is_empty()
+    }
 }
 
 /// The shared store's answer.

@@ -24,13 +24,14 @@
 //! the unpushed counts go out (a backend that lost its data, seen by a new epoch, is told
 //! everything again).
 //!
-//! A key's and its user's limits are exact by default (`state.limits: exact`, [`admit`]): with
-//! Redis, admission is one Lua check-and-add against every replica's counts, bounded by
-//! `state.timeout`; what it admits is counted locally as already pushed, so the sync never
-//! counts it twice. Past the timeout, or with Redis away, the replica admits on its local
-//! counters and the sync reconciles. Deployments' limits, and every limit under
-//! `state.limits: synced`, stay check-then-add on local counters: between two syncs, replicas
-//! can together overshoot such a limit by what they admitted in one interval.
+//! Limits are exact by default (`state.limits: exact`, [`admit`]): with Redis, each attempt's
+//! admission (its key's and deployment's windows and budgets) is one Lua check-and-add against
+//! every replica's counts, bounded by `state.timeout`; what it admits (and reserves) is counted
+//! locally as already pushed, so the sync never counts it twice, and a reservation given back
+//! locally becomes a negative delta the sync pushes. Past the timeout, or with Redis away, the
+//! replica admits on its local counters and the sync reconciles. Under `state.limits: synced`
+//! every limit stays check-then-add on local counters: between two syncs, replicas can together
+//! overshoot a limit by what they admitted in one interval.
 
 pub mod admit;
 pub mod redis;
@@ -44,6 +45,7 @@ use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
 
+use crate::catalog::{Catalog, Deployment};
 use crate::config::BudgetPeriod;
 use crate::keys::KeyState;
 use crate::limits::budget::Spend;
@@ -70,8 +72,8 @@ pub struct Push {
     /// Per window: its store name and this replica's per-second deltas.
     pub windows: Vec<(String, Vec<(u64, i64)>)>,
     /// Per spend: its store name (period included), its lifetime in the store (`None`:
-    /// forever) and this replica's delta in micro-USD.
-    pub spends: Vec<(String, Option<Duration>, u64)>,
+    /// forever) and this replica's delta in micro-USD (negative: reservations given back).
+    pub spends: Vec<(String, Option<Duration>, i64)>,
     /// Cooldowns decided here since the last round: identity and until (unix ms).
     pub cooldowns: Vec<(String, u64)>,
 }
@@ -143,7 +145,7 @@ impl StateBackend for MemoryBackend {
         }
         for (name, _, delta) in &push.spends {
             let total = store.spends.entry(name.clone()).or_default();
-            *total = total.saturating_add(*delta);
+            *total = total.saturating_add_signed(*delta);
             out.spends.push(*total);
         }
         for (id, until) in &push.cooldowns {
@@ -183,6 +185,25 @@ pub fn key_counter(id: &str, what: &str) -> String {
 pub fn user_counter(user: &str) -> String {
     format!("u:{user}")
 }
+
+/// A deployment's counters' name stem (`:rpm`, `:tpm` follow for its windows; its budget's
+/// spend is the stem itself).
+pub fn deployment_counter(catalog: &Catalog, d: &Deployment) -> String {
+    let model = d.model.map_or("", |m| &*catalog.model(m).name);
+    format!(
+        "d:{}/{}@{model}",
+        catalog.provider(d.provider).id,
+        d.upstream_model
+    )
+}
+
+/// A provider's budget counter's name.
+pub fn provider_counter(id: &str) -> String {
+    format!("p:{id}")
+}
+
+/// The gateway's budget counter's name.
+pub const GLOBAL_COUNTER: &str = "g";
 
 /// One shared counter of the serving snapshot.
 enum Counter {
@@ -241,13 +262,10 @@ fn counters(tables: &Snapshot) -> Vec<Counter> {
     }
     let catalog = &tables.catalog;
     for d in &catalog.deployments {
-        let Some(model) = d.model else { continue };
-        let name = format!(
-            "d:{}/{}@{}",
-            catalog.provider(d.provider).id,
-            d.upstream_model,
-            catalog.model(model).name
-        );
+        if d.model.is_none() {
+            continue;
+        }
+        let name = deployment_counter(catalog, d);
         if d.rpm.is_some() {
             out.push(Counter::Window(format!("{name}:rpm"), d.requests.clone()));
         }
@@ -261,7 +279,7 @@ fn counters(tables: &Snapshot) -> Vec<Counter> {
     for p in &catalog.providers {
         if let Some(b) = p.budget {
             out.push(Counter::Spend(
-                format!("p:{}", p.id),
+                provider_counter(&p.id),
                 b.period,
                 p.spend.clone(),
             ));
@@ -269,7 +287,7 @@ fn counters(tables: &Snapshot) -> Vec<Counter> {
     }
     if let Some(b) = tables.global_budget {
         out.push(Counter::Spend(
-            "g".into(),
+            GLOBAL_COUNTER.into(),
             b.period,
             tables.global_spend.clone(),
         ));
@@ -288,7 +306,7 @@ pub fn assume_stored(tables: &Snapshot) {
 }
 
 /// How long a period's spend is kept in the store: past its end, with a day to spare.
-fn spend_ttl(period: BudgetPeriod) -> Option<Duration> {
+pub fn spend_ttl(period: BudgetPeriod) -> Option<Duration> {
     let day = 86_400;
     match period {
         BudgetPeriod::Day => Some(Duration::from_secs(2 * day)),
@@ -387,7 +405,7 @@ impl StateMetrics {
         )?;
         let fallbacks = IntCounter::new(
             "signalbox_state_fallbacks_total",
-            "Exact admissions of a key's limits decided on this replica's own counters, Redis not answering within state.timeout.",
+            "Exact admissions decided on this replica's own counters, Redis not answering within state.timeout.",
         )?;
         metrics.register(Box::new(up.clone()))?;
         metrics.register(Box::new(syncs.clone()))?;

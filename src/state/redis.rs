@@ -74,10 +74,11 @@ return out
 ";
 
 /// Exact admission: check every window and budget against every replica's counts, and only if
-/// all have room add the request to the windows. KEYS: the windows, then the spends. ARGV:
-/// now, the number of windows, then (limit, add) per window, then the budget per spend.
-/// Returns `{0}` admitted, `{1, i, wait}` window `i` full for `wait` seconds, `{2, j}` spend
-/// `j` over its budget (indices from 1).
+/// all have room add the request to the windows and its reservation to the spends. KEYS: the
+/// windows, then the spends. ARGV: now, the number of windows, then (limit, add) per window,
+/// then (budget, reserve, ttl) per spend. A spend is over when it has reached its budget or
+/// the reservation would take it past. Returns `{0}` admitted, `{1, i, wait}` window `i` full
+/// for `wait` seconds, `{2, j}` spend `j` over its budget (indices from 1).
 const ADMIT_SCRIPT: &str = r"
 local now = tonumber(ARGV[1])
 local nw = tonumber(ARGV[2])
@@ -115,9 +116,11 @@ for i = 1, nw do
 end
 local base = 2 + 2 * nw
 for j = nw + 1, #KEYS do
-  local budget = tonumber(ARGV[base + (j - nw)])
+  local at = base + 3 * (j - nw - 1)
+  local budget = tonumber(ARGV[at + 1])
+  local reserve = tonumber(ARGV[at + 2])
   local spent = tonumber(redis.call('GET', KEYS[j]) or '0')
-  if spent >= budget then
+  if spent >= budget or spent + reserve > budget then
     return {2, j - nw}
   end
 end
@@ -126,6 +129,17 @@ for i = 1, nw do
   if add > 0 then
     redis.call('HINCRBY', KEYS[i], ARGV[1], add)
     redis.call('EXPIRE', KEYS[i], 120)
+  end
+end
+for j = nw + 1, #KEYS do
+  local at = base + 3 * (j - nw - 1)
+  local reserve = tonumber(ARGV[at + 2])
+  if reserve > 0 then
+    redis.call('INCRBY', KEYS[j], reserve)
+    local ttl = tonumber(ARGV[at + 3])
+    if ttl > 0 then
+      redis.call('EXPIRE', KEYS[j], ttl)
+    end
   end
 end
 return {0}
@@ -232,15 +246,17 @@ impl RedisBackend {
         for (name, _, _) in &ask.windows {
             cmd.arg(format!("{p}{name}"));
         }
-        for (name, _) in &ask.spends {
-            cmd.arg(format!("{p}{name}"));
+        for spend in &ask.spends {
+            cmd.arg(format!("{p}{}", spend.name));
         }
         cmd.arg(ask.now_s).arg(ask.windows.len());
         for (_, limit, add) in &ask.windows {
             cmd.arg(*limit).arg(*add);
         }
-        for (_, budget) in &ask.spends {
-            cmd.arg(*budget);
+        for spend in &ask.spends {
+            cmd.arg(spend.budget)
+                .arg(spend.reserve)
+                .arg(spend.ttl.map_or(0, |t| t.as_secs()));
         }
         let reply: Value = match cmd.query_async(&mut conn).await {
             Ok(r) => r,

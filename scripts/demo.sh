@@ -25,6 +25,14 @@ fi
 echo "demo: building (the first build takes a few minutes)"
 cargo build --bins
 
+# Say which port is taken before anything starts (the demo needs all four).
+for port in 8080 9090 9001 9002; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "demo: port $port is already in use on 127.0.0.1; stop what holds it (ss -ltnp 'sport = :$port')" >&2
+    exit 1
+  fi
+done
+
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
@@ -37,12 +45,28 @@ export SIGNALBOX_ADMIN_TOKEN="${SIGNALBOX_ADMIN_TOKEN:-demo-admin-token}"
 # The Anthropic-kind mock provider's key (conf/signalbox.yaml: mock-claude, anthropic-down).
 export DEMO_ANTHROPIC_KEY="${DEMO_ANTHROPIC_KEY:-sk-ant-demo}"
 ./target/debug/signalbox -c conf/signalbox.yaml &
-pids+=($!)
+sb=$!
+pids+=($sb)
 
-for _ in $(seq 1 100); do
-  curl -fsS -o /dev/null http://127.0.0.1:9090/healthz 2>/dev/null && break
+# Ready means the proxy listener is bound and every chain has a callable candidate (not just
+# that the admin API answers). A process that exits (a port taken) has said why on stderr.
+ready=""
+for _ in $(seq 1 300); do
+  if ! kill -0 "$sb" 2>/dev/null; then
+    echo "demo: signalbox exited before it was ready (see the line above: a port in use?)" >&2
+    exit 1
+  fi
+  if curl -fsS --max-time 1 -o /dev/null http://127.0.0.1:9090/admin/ready 2>/dev/null; then
+    ready=1
+    break
+  fi
   sleep 0.1
 done
+if [ -z "$ready" ]; then
+  echo "demo: signalbox did not become ready in 30 s:" >&2
+  curl -sS --max-time 2 http://127.0.0.1:9090/admin/ready >&2 || true
+  exit 1
+fi
 
 cat <<'MSG'
 
@@ -50,7 +74,7 @@ signalbox is up on http://127.0.0.1:8080 (metrics on http://127.0.0.1:9090/metri
 The `auto` chain starts with a provider that is down, so this request fails over:
 
 MSG
-curl -sS -D - -o /dev/null http://127.0.0.1:8080/v1/chat/completions \
+curl -sS --max-time 10 -D - -o /dev/null http://127.0.0.1:8080/v1/chat/completions \
   -H 'content-type: application/json' \
   -d '{"model":"auto","messages":[{"role":"user","content":"hello"}]}' | grep -i -E '^(HTTP|x-llm|x-routed|server-timing)'
 echo

@@ -58,6 +58,7 @@ pub mod catalog;
 pub mod config;
 pub mod dns;
 pub mod error;
+pub mod glob;
 pub mod health;
 pub mod keys;
 pub mod ledger;

@@ -15,6 +15,10 @@
 //! - Pingora's grace period is a fixed sleep: with a grace long enough for an LLM stream,
 //!   every stop or upgrade would take that long even when idle. [`DrainThenExit`] ends the
 //!   process once a shutdown has begun and no request has been in flight for a moment.
+//! - Pingora retries a listener that cannot bind, then panics in that service's thread while
+//!   the other services (the admin API, `/healthz`) keep the process alive.
+//!   [`check_listeners`] binds each address first, so a taken port is one line and a non-zero
+//!   exit before anything starts.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -30,6 +34,38 @@ use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 use crate::reload::Reloader;
 use crate::state::StateSync;
+
+/// Can this process listen on every configured address? Each is bound (with `SO_REUSEADDR`,
+/// as Pingora binds) and released at once; the first that cannot be is named with the cause:
+/// `cannot listen on 0.0.0.0:8080 (listen.proxy): Address in use (os error 98)`. Skipped by
+/// a process started with `-u`, which takes the running one's sockets instead.
+pub fn check_listeners(listen: &crate::config::Listen) -> Result<(), String> {
+    for (addr, key) in [
+        (&listen.proxy, "listen.proxy"),
+        (&listen.admin, "listen.admin"),
+    ] {
+        bind_once(addr).map_err(|e| format!("cannot listen on {addr} ({key}): {e}"))?;
+    }
+    Ok(())
+}
+
+fn bind_once(addr: &str) -> std::io::Result<()> {
+    use std::net::ToSocketAddrs;
+    let mut last = None;
+    for sa in addr.to_socket_addrs()? {
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(sa),
+            socket2::Type::STREAM,
+            None,
+        )?;
+        socket.set_reuse_address(true)?;
+        match socket.bind(&sa.into()).and_then(|()| socket.listen(1)) {
+            Ok(()) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("the address resolves to nothing")))
+}
 
 /// How this process was started: what a `SIGUSR2` upgrade starts again.
 #[derive(Debug, Clone)]

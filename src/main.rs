@@ -88,7 +88,10 @@ fn main() -> ExitCode {
     let (state, warnings) = match signalbox::server::build_state(config) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("signalbox: {e}");
+            eprintln!(
+                "signalbox: {}",
+                signalbox::secret::redact_urls(&e.to_string())
+            );
             return ExitCode::from(2);
         }
     };
@@ -145,10 +148,19 @@ fn main() -> ExitCode {
         daemon: cli.daemon,
         upgrade: cli.upgrade,
     };
+    if !launch.upgrade {
+        if let Err(e) = signalbox::lifecycle::check_listeners(&config.listen) {
+            eprintln!("signalbox: {e}");
+            return ExitCode::from(1);
+        }
+    }
     let accounts = match signalbox::server::open_accounts(config, &state, launch.conf.parent()) {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("signalbox: {e}");
+            eprintln!(
+                "signalbox: {}",
+                signalbox::secret::redact_urls(&e.to_string())
+            );
             return ExitCode::from(2);
         }
     };

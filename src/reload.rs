@@ -54,13 +54,14 @@ pub enum ReloadError {
 }
 
 impl ReloadError {
-    /// One line for the log and the admin answer.
+    /// One line for the log or an admin body, URLs redacted.
     pub fn summary(&self) -> String {
-        match self {
+        let text = match self {
             ReloadError::Invalid(errs) => format!("invalid config: {errs}"),
             ReloadError::Io(e) | ReloadError::Build(e) => e.clone(),
             ReloadError::Busy => "another config change is being applied; retry".to_string(),
-        }
+        };
+        crate::secret::redact_urls(&text).into_owned()
     }
 }
 

@@ -419,3 +419,55 @@ async fn readiness_says_what_is_missing() {
         serde_json::json!(["spare"])
     );
 }
+
+/// A credential and a token in a provider URL: refused, and never echoed by `-t`, a start-up
+/// failure, a reload refusal (its answer and its log line) or a refused `PUT /admin/config`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_secret_in_a_url_is_redacted_wherever_the_url_is_shown() {
+    use reqwest::Method;
+    const CANARY: &str = "CanaryPw9";
+    let (a, b) = (mock("a").await, mock("b").await);
+    let bad_url = format!("http://admin:{CANARY}@127.0.0.1:1/v1?key=q{CANARY}");
+    let bad = config(&a, &b, "").replace(&a.base_url(), &bad_url);
+    assert!(bad.contains(CANARY));
+
+    // `-t`, and a start that fails on the config.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(&path, &bad).unwrap();
+    for args in [vec!["-t", "-c"], vec!["-c"]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_signalbox"))
+            .args(&args)
+            .arg(&path)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("providers.a.base_url"), "{text}");
+        assert!(text.contains("http://***@127.0.0.1:1/v1?***"), "{text}");
+        assert!(!text.contains(CANARY), "{args:?} echoed the secret: {text}");
+    }
+
+    // A running gateway refuses it by PUT and by reload, in words without the secret.
+    let gw = start(config(&a, &b, ""));
+    let doc: serde_json::Value = serde_yaml::from_str(&bad).unwrap();
+    let (s, v) = admin(&gw, Method::PUT, "/admin/config", Some(WRITE), Some(doc)).await;
+    assert_eq!(s, 400, "{v}");
+    assert!(v.to_string().contains("providers.a.base_url"), "{v}");
+    assert!(!v.to_string().contains(CANARY), "{v}");
+    std::fs::write(gw.config_path(), &bad).unwrap();
+    let (s, v) = admin(&gw, Method::POST, "/admin/reload", Some(WRITE), None).await;
+    assert_eq!(s, 400, "{v}");
+    assert!(!v.to_string().contains(CANARY), "{v}");
+    gw.signal("HUP");
+    let log = gw.stderr_with("config refused").await;
+    assert!(log.contains("config refused"), "{log}");
+    assert!(!log.contains(CANARY), "{log}");
+    let (_, running) = admin(&gw, Method::GET, "/admin/config", Some(READ), None).await;
+    assert!(!running.to_string().contains(CANARY));
+}

@@ -226,3 +226,39 @@ async fn a_json_config_serves() {
     assert_eq!(r.status(), 200);
     assert_eq!(m.requests()[0].model.as_deref(), Some("up"));
 }
+
+/// A taken port: one line naming the address and the cause, a non-zero exit, nothing half
+/// alive (before, the admin API answered `/healthz` while the proxy thread panicked).
+#[test]
+fn a_listener_that_cannot_bind_exits_with_one_line() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let other = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    for (proxy, admin, key) in [(port, other, "listen.proxy"), (other, port, "listen.admin")] {
+        let path = dir.path().join("taken.yaml");
+        std::fs::write(
+            &path,
+            format!(
+                "listen: {{ proxy: \"127.0.0.1:{proxy}\", admin: \"127.0.0.1:{admin}\" }}\nproviders:\n  a: {{ kind: openai, base_url: \"http://127.0.0.1:1/v1\" }}\nmodels:\n  m: {{ deployments: [{{ provider: a, model: x }}] }}\n"
+            ),
+        )
+        .unwrap();
+        let started = std::time::Instant::now();
+        let out = signalbox(&["-c", path.to_str().unwrap()]);
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        let line = format!("signalbox: cannot listen on 127.0.0.1:{port} ({key}): ");
+        assert!(err.contains(&line), "{err}");
+        assert!(err.contains("in use"), "{err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("backtrace"),
+            "{err}"
+        );
+        assert!(
+            std::net::TcpStream::connect(("127.0.0.1", other)).is_err(),
+            "nothing listens on the other port"
+        );
+    }
+}

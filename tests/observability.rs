@@ -172,6 +172,80 @@ async fn text_access_line_carries_the_same_fields() {
     );
 }
 
+/// The JSON access line whose `request_id` is `id`, by the id the caller chose.
+async fn line_of(gw: &Gateway, id: &str) -> serde_json::Value {
+    json_access_line(gw, id).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_access_line_names_the_method_and_path_and_the_status_the_caller_got() {
+    let a = mock("a").await;
+    let b = mock("b").await;
+    let gw = start(&a, &b, "log: { format: json }\n");
+    // A HEAD of the root: signalbox's own 404, with its method and path (no query string).
+    let r = client()
+        .head(gw.url("/?token=secret-q"))
+        .header("x-request-id", "obs-head-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let line = line_of(&gw, "obs-head-1").await;
+    assert_eq!(line["method"], "HEAD", "{line}");
+    assert_eq!(line["path"], "/", "{line}");
+    assert_eq!(line["status"], 404, "{line}");
+    assert!(!line.to_string().contains("secret-q"), "{line}");
+
+    // A caller that gives up before the header: 499 `cancelled`, not the 200 it never got.
+    a.set_default(signalbox_mock::Behaviour::SlowHeader { ms: 3000 });
+    b.set_default(signalbox_mock::Behaviour::SlowHeader { ms: 3000 });
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let gone = impatient
+        .post(gw.url("/v1/chat/completions"))
+        .header("x-request-id", "obs-gone-1")
+        .json(&chat("gpt-4o-mini"))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the caller timed out");
+    let line = line_of(&gw, "obs-gone-1").await;
+    assert_eq!(line["status"], 499, "{line}");
+    assert_eq!(line["error"], "cancelled", "{line}");
+    assert_eq!(line["method"], "POST", "{line}");
+    assert_eq!(line["path"], "/v1/chat/completions", "{line}");
+    assert!(
+        line["tried"].as_str().unwrap().ends_with(":cancelled"),
+        "the attempt ended when the caller left: {line}"
+    );
+    assert!(
+        line["duration_ms"].as_f64().unwrap() < 2500.0,
+        "noticed at once, not when the provider answered: {line}"
+    );
+
+    // A stream the provider ends with its error event after content: the relayed 200, broken.
+    a.set_default(signalbox_mock::Behaviour::InbandErrorAfter {
+        chunks: 2,
+        error_type: None,
+    });
+    let mut body = chat("gpt-4o-mini");
+    body["stream"] = serde_json::json!(true);
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .header("x-request-id", "obs-broken-1")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (text, _) = read_all(r).await;
+    assert!(text.contains("error"), "{text}");
+    let line = line_of(&gw, "obs-broken-1").await;
+    assert_eq!(line["status"], 200, "{line}");
+    assert_eq!(line["stream_broken"], true, "{line}");
+}
+
 // === the dashboard and the alert rules against /metrics ===
 
 /// `signalbox_*` metric names in a PromQL expression.

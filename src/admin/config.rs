@@ -111,7 +111,23 @@ pub(super) fn applied(
 /// The document as JSON (what `GET /admin/config` answers). Secrets are never in it: keys are
 /// named by environment variable or file, never written inline.
 fn doc_json(doc: &serde_yaml::Value) -> Value {
-    serde_json::to_value(doc).unwrap_or(Value::Null)
+    let mut v = serde_json::to_value(doc).unwrap_or(Value::Null);
+    redact_strings(&mut v);
+    v
+}
+
+/// Every string of the document with its URLs redacted ([`crate::secret::redact_urls`]).
+fn redact_strings(v: &mut Value) {
+    match v {
+        Value::String(s) => {
+            if let std::borrow::Cow::Owned(r) = crate::secret::redact_urls(s) {
+                *s = r;
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(redact_strings),
+        Value::Object(map) => map.values_mut().for_each(redact_strings),
+        _ => {}
+    }
 }
 
 fn to_yaml(v: &Value) -> Result<serde_yaml::Value, Response<Vec<u8>>> {

@@ -150,6 +150,8 @@ pub struct Provider {
     pub ca: Option<Arc<CaType>>,
     pub connect_timeout: Duration,
     pub ttfb_timeout: Duration,
+    /// `headers`: set on every request to this provider.
+    pub headers: Vec<(http::HeaderName, HeaderValue)>,
     pub credentials: Vec<Credential>,
     /// Round-robin start for credential choice, so load spreads across keys.
     pub credential_cursor: AtomicUsize,
@@ -372,6 +374,7 @@ impl Catalog {
                 ca,
                 connect_timeout: p.connect_timeout,
                 ttfb_timeout: p.ttfb_timeout,
+                headers: p.headers.clone(),
                 credentials,
                 credential_cursor: AtomicUsize::new(0),
                 enabled: p.enabled,

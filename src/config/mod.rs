@@ -31,11 +31,12 @@ pub use defaults::PRIORITY as DEFAULT_PRIORITY;
 pub use types::{
     AdminConfig, AliasConfig, BaseUrl, BudgetConfig, BudgetPeriod, Capabilities, ChainConfig,
     ClientKeyConfig, ClientKeySource, Config, CredentialConfig, DegradedPolicy, DeploymentConfig,
-    Failover, HealthPolicy, KeySource, LedgerConfig, LedgerStore, Limits, Listen, LogConfig,
-    LogFormat, ModelConfig, PolicyConfig, PolicyTarget, Price, ProviderConfig, ProviderKind,
-    ResponseConfig, RouterConfig, RoutingKnobs, RuleConfig, RuleTarget, Scheme, SelectEntry,
-    StateConfig, Strategy, Weights,
+    Failover, HeaderGlobs, HealthPolicy, KeySource, LedgerConfig, LedgerStore, Limits, Listen,
+    LogConfig, LogFormat, ModelConfig, PolicyConfig, PolicyTarget, Price, ProviderConfig,
+    ProviderKind, RequestConfig, ResponseConfig, RouterConfig, RoutingKnobs, RuleConfig,
+    RuleTarget, Scheme, SelectEntry, StateConfig, Strategy, Weights,
 };
+pub use validate::headers::{CREDENTIAL_HEADERS, GATEWAY_WRITTEN_HEADERS};
 pub use values::{is_upstream_model_name, parse_base_url, parse_size_text, AXIS_NAMES};
 
 /// One problem in a config file, with the key path it concerns.
@@ -46,10 +47,17 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
+    /// A URL in the message loses its userinfo and query string ([`crate::secret::redact_urls`]):
+    /// errors reach `-t`, the log and admin bodies.
     pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        let message = message.into();
+        let message = match crate::secret::redact_urls(&message) {
+            std::borrow::Cow::Borrowed(_) => message,
+            std::borrow::Cow::Owned(redacted) => redacted,
+        };
         Self {
             path: path.into(),
-            message: message.into(),
+            message,
         }
     }
 }

@@ -50,9 +50,12 @@ pub struct ConfigFile {
     /// How the process logs.
     #[serde(default)]
     pub log: LogSection,
-    /// What signalbox adds to response bodies.
+    /// What signalbox adds to response bodies, and which provider headers reach the caller.
     #[serde(default)]
     pub response: ResponseSection,
+    /// Which of the caller's headers reach the provider beyond those its kind needs.
+    #[serde(default)]
+    pub request: RequestSection,
     /// Client keys: absent, no caller auth; present, every proxied request needs one.
     #[serde(default)]
     pub keys: Option<Vec<KeySection>>,
@@ -178,6 +181,20 @@ pub struct ResponseSection {
     /// object and stream chunk.
     #[serde(default)]
     pub provider_field: bool,
+    /// Globs of provider response headers relayed to the caller (everything else of the
+    /// provider's is dropped but framing and `content-type`).
+    #[serde(default)]
+    pub pass_headers: Vec<String>,
+}
+
+/// What of the caller's request travels to the provider (`request`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestSection {
+    /// Globs of caller headers forwarded to the provider beyond those its kind needs
+    /// (credential headers can never be named).
+    #[serde(default)]
+    pub pass_headers: Vec<String>,
 }
 
 /// The admin API's tokens: each names an environment variable holding it.
@@ -253,6 +270,9 @@ pub struct ProviderSection {
     pub ttfb_timeout: Option<String>,
     #[serde(default = "default_provider_enabled")]
     pub enabled: bool,
+    /// Header fields sent on every request to this provider (an API version, a project id).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]

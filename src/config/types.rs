@@ -38,6 +38,7 @@ pub struct Config {
     pub pingora: PingoraSection,
     pub log: LogConfig,
     pub response: ResponseConfig,
+    pub request: RequestConfig,
     /// Client keys; `None`: no caller auth.
     pub keys: Option<Vec<ClientKeyConfig>>,
     /// `budgets.global`: what the whole gateway may spend per period.
@@ -142,10 +143,36 @@ pub struct ClientKeyConfig {
 }
 
 /// What signalbox adds to response bodies (the `response` section).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct ResponseConfig {
     /// `provider_field`: a top-level `provider` beside `model` in every object and chunk.
     pub provider_field: bool,
+    /// `pass_headers`: the provider response headers relayed to the caller.
+    pub pass_headers: HeaderGlobs,
+}
+
+/// What of the caller's request reaches the provider (the `request` section).
+#[derive(Debug, Clone, Default)]
+pub struct RequestConfig {
+    /// `pass_headers`: caller headers forwarded beyond those the provider's kind needs.
+    pub pass_headers: HeaderGlobs,
+}
+
+/// Header-name globs (`*` any run, `?` one character), lower-cased; empty: none.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeaderGlobs(pub Vec<Box<str>>);
+
+impl HeaderGlobs {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether a (lower-case) header name matches any glob.
+    pub fn matches(&self, name: &str) -> bool {
+        self.0
+            .iter()
+            .any(|g| crate::glob::matches(g.as_bytes(), name.as_bytes()))
+    }
 }
 
 /// How signalbox logs (the `log` section). Read once, when the process starts.
@@ -352,6 +379,8 @@ pub struct ProviderConfig {
     pub enabled: bool,
     /// `budgets.providers.<id>`.
     pub budget: Option<BudgetConfig>,
+    /// `headers`: sent on every request to this provider.
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -88,9 +88,11 @@ impl ClientKey {
         } else {
             return globs
                 .iter()
-                .any(|g| glob_match(g.as_bytes(), name.to_lowercase().as_bytes()));
+                .any(|g| crate::glob::matches(g.as_bytes(), name.to_lowercase().as_bytes()));
         };
-        globs.iter().any(|g| glob_match(g.as_bytes(), lower))
+        globs
+            .iter()
+            .any(|g| crate::glob::matches(g.as_bytes(), lower))
     }
 
     /// Which catalog models (by index) the key may be served by; `None`: all of them.
@@ -221,33 +223,6 @@ impl ClientKey {
     }
 }
 
-/// `*` any run, `?` one byte; everything else literal.
-fn glob_match(glob: &[u8], name: &[u8]) -> bool {
-    let (mut g, mut n) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while n < name.len() {
-        match glob.get(g) {
-            Some(b'*') => {
-                star = Some((g, n));
-                g += 1;
-            }
-            Some(&c) if c == b'?' || c == name[n] => {
-                g += 1;
-                n += 1;
-            }
-            _ => match star {
-                Some((sg, sn)) => {
-                    g = sg + 1;
-                    n = sn + 1;
-                    star = Some((sg, sn + 1));
-                }
-                None => return false,
-            },
-        }
-    }
-    glob[g..].iter().all(|&c| c == b'*')
-}
-
 /// The key a request presents: `Authorization: Bearer <key>`, else `x-api-key: <key>`.
 pub fn presented(headers: &HeaderMap) -> Option<&[u8]> {
     if let Some(v) = headers.get(http::header::AUTHORIZATION) {
@@ -329,7 +304,9 @@ impl KeyTable {
                     .iter()
                     .map(|m| {
                         let m = m.to_ascii_lowercase();
-                        globs.iter().any(|g| glob_match(g.as_bytes(), m.as_bytes()))
+                        globs
+                            .iter()
+                            .any(|g| crate::glob::matches(g.as_bytes(), m.as_bytes()))
                     })
                     .collect()
             });
@@ -421,15 +398,15 @@ mod tests {
 
     #[test]
     fn globs_match_whole_names() {
-        assert!(glob_match(b"gpt-4o*", b"gpt-4o-mini"));
-        assert!(glob_match(b"gpt-4o*", b"gpt-4o"));
-        assert!(!glob_match(b"gpt-4o*", b"xgpt-4o"));
-        assert!(glob_match(b"auto:*", b"auto:smart"));
-        assert!(!glob_match(b"auto:*", b"auto"));
-        assert!(glob_match(b"*mini", b"gpt-4o-mini"));
-        assert!(glob_match(b"a?c*e", b"abcdde"));
-        assert!(!glob_match(b"fast", b"fastest"));
-        assert!(glob_match(b"*", b""));
+        assert!(crate::glob::matches(b"gpt-4o*", b"gpt-4o-mini"));
+        assert!(crate::glob::matches(b"gpt-4o*", b"gpt-4o"));
+        assert!(!crate::glob::matches(b"gpt-4o*", b"xgpt-4o"));
+        assert!(crate::glob::matches(b"auto:*", b"auto:smart"));
+        assert!(!crate::glob::matches(b"auto:*", b"auto"));
+        assert!(crate::glob::matches(b"*mini", b"gpt-4o-mini"));
+        assert!(crate::glob::matches(b"a?c*e", b"abcdde"));
+        assert!(!crate::glob::matches(b"fast", b"fastest"));
+        assert!(crate::glob::matches(b"*", b""));
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //!
 //! [`begin`] starts the attempt (the peer on a pre-resolved address, the in-flight count and
 //! the probe slot in health); [`prepare_body`] builds the body for the target's upstream model
-//! and dialect; the request header is rewritten for the target (its credential replaces every
-//! client auth header, `Host` and path follow its base URL); and on the fast path the body
+//! and dialect; the request header is rewritten for the target (only what
+//! [`super::headers::to_provider`] allows of the caller's, then the provider's own `headers`,
+//! its credential, `Host` and path from its base URL); and on the fast path the body
 //! Pingora replays from its retry buffer is swapped for the whole rewritten body.
 
 use std::time::Instant;
@@ -25,27 +26,7 @@ use crate::config::ProviderKind;
 use crate::health::TargetRef;
 use crate::snapshot::Snapshot;
 
-/// Headers a client may use to authenticate to signalbox; never forwarded upstream.
-static CLIENT_AUTH_HEADERS: [HeaderName; 4] = [
-    header::AUTHORIZATION,
-    HeaderName::from_static("x-api-key"),
-    HeaderName::from_static("api-key"),
-    header::PROXY_AUTHORIZATION,
-];
-/// Request headers that describe the caller's hop or speak to signalbox, not to the provider.
-static HOP_AND_GATEWAY_HEADERS: [HeaderName; 8] = [
-    header::EXPECT,
-    header::TRANSFER_ENCODING,
-    header::ACCEPT_ENCODING,
-    respond::names::X_LLM_SESSION,
-    respond::names::X_LLM_ROUTE,
-    respond::names::X_LLM_ROUTER,
-    respond::names::X_LLM_METADATA,
-    header::COOKIE,
-];
-
 const ANTHROPIC_VERSION_HEADER: HeaderName = HeaderName::from_static("anthropic-version");
-const ANTHROPIC_BETA_HEADER: HeaderName = HeaderName::from_static("anthropic-beta");
 
 fn internal(why: &'static str) -> Box<Error> {
     Error::explain(ErrorType::InternalError, why)
@@ -163,31 +144,28 @@ pub fn rewrite_request_header(
         .get(live.target.credential)
         .and_then(|c| c.auth.as_ref());
     let surface = ctx.surface;
-    let anthropic_caller = surface.dialect() == Dialect::Anthropic;
+    // The caller's own version and betas pass on a same-dialect call; a translated request is
+    // written for the version signalbox speaks.
+    let same_dialect = surface.dialect() == Dialect::Anthropic;
     let len = a.attempts.body.as_ref().map_or(0, |b| b.bytes.len());
     respond::edit_request_parts(upstream_request, |parts| {
         let headers = &mut parts.headers;
-        for name in CLIENT_AUTH_HEADERS.iter().chain(&HOP_AND_GATEWAY_HEADERS) {
-            headers.remove(name);
+        super::headers::to_provider(
+            headers,
+            provider.kind,
+            same_dialect,
+            &snapshot.request.pass_headers,
+        );
+        if provider.kind == ProviderKind::Anthropic
+            && (!same_dialect || !headers.contains_key(ANTHROPIC_VERSION_HEADER))
+        {
+            headers.insert(
+                ANTHROPIC_VERSION_HEADER,
+                HeaderValue::from_static(ANTHROPIC_VERSION),
+            );
         }
-        match provider.kind {
-            ProviderKind::Anthropic => {
-                // The caller's own version and betas pass on a same-dialect call; a translated
-                // request is written for the version signalbox speaks.
-                if !anthropic_caller || !headers.contains_key(ANTHROPIC_VERSION_HEADER) {
-                    headers.insert(
-                        ANTHROPIC_VERSION_HEADER,
-                        HeaderValue::from_static(ANTHROPIC_VERSION),
-                    );
-                }
-                if !anthropic_caller {
-                    headers.remove(ANTHROPIC_BETA_HEADER);
-                }
-            }
-            ProviderKind::OpenAi => {
-                headers.remove(ANTHROPIC_VERSION_HEADER);
-                headers.remove(ANTHROPIC_BETA_HEADER);
-            }
+        for (name, value) in &provider.headers {
+            headers.insert(name.clone(), value.clone());
         }
         if let Some(auth) = auth {
             headers.insert(auth.header_name().clone(), auth.header_value().clone());

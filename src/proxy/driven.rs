@@ -206,7 +206,8 @@ fn first_content_deadline(ctx: &RequestCtx) -> Instant {
 }
 
 /// One attempt: connect, send, read the header, hold it until the commit point, commit,
-/// relay.
+/// relay. Until the commit the caller is watched: one that leaves ends the attempt at once
+/// (its upstream connection dropped, outcome `cancelled`).
 async fn drive(
     session: &mut Session,
     ctx: &mut RequestCtx,
@@ -214,24 +215,79 @@ async fn drive(
     connector: &Connector,
     peer: &HttpPeer,
 ) -> Drive {
-    let deadline = first_content_deadline(ctx);
-    let mut upstream = match call(session, ctx, connector, peer, deadline).await {
-        Ok(up) => up,
-        Err(drive) => return drive,
+    let request = session.req_header().clone();
+    let ahead = tokio::select! {
+        ahead = until_commit(ctx, connector, peer, request) => ahead,
+        () = caller_gone(session) => {
+            settle::cancelled(ctx);
+            return Drive::Aborted(
+                Error::explain(ErrorType::ConnectionClosed, "the caller left before the answer")
+                    .into_down(),
+            );
+        }
     };
+    match ahead {
+        Ok(Ahead {
+            upstream,
+            header,
+            held,
+            ended,
+        }) => {
+            commit(
+                session, ctx, runtime, connector, peer, upstream, header, held, ended,
+            )
+            .await
+        }
+        Err(drive) => drive,
+    }
+}
+
+/// An attempt read up to its commit point.
+struct Ahead {
+    upstream: UpstreamSession,
+    header: ResponseHeader,
+    /// The body read so far (held back from the caller).
+    held: BytesMut,
+    /// Whether the body has ended.
+    ended: bool,
+}
+
+/// Resolves when the caller has closed its side of the connection (FIN or reset), never
+/// otherwise: the next request's first bytes from a pipelining caller are kept for it.
+async fn caller_gone(session: &mut Session) {
+    match session.as_mut().read_body_or_idle(true).await {
+        Err(e)
+            if matches!(
+                e.etype(),
+                ErrorType::ConnectionClosed | ErrorType::ReadError
+            ) => {}
+        _ => std::future::pending().await,
+    }
+}
+
+/// Call the target and read its answer up to the commit point; a failure on the way is
+/// judged and applied.
+async fn until_commit(
+    ctx: &mut RequestCtx,
+    connector: &Connector,
+    peer: &HttpPeer,
+    request: pingora_http::RequestHeader,
+) -> Result<Ahead, Drive> {
+    let deadline = first_content_deadline(ctx);
+    let mut upstream = call(request, ctx, connector, peer, deadline).await?;
     let Some(header) = upstream.response_header() else {
         let sent = Sent::NoHeader {
             outcome: Outcome::Reset,
             reused: false,
             written: true,
         };
-        return after(settle::on(ctx, sent));
+        return Err(after(settle::on(ctx, sent)));
     };
     let mut header = header.clone();
     let verdict = response::read_header(ctx, &mut header);
     let step = settle::apply(ctx, verdict);
     if let Step::Again | Step::Answer(_) = step {
-        return after(step);
+        return Err(after(step));
     }
     // From here reads are bounded by the hold, then by the idle timeout: not by the peer's
     // per-read TTFB timeout.
@@ -242,31 +298,29 @@ async fn drive(
     let ended = if refusal {
         read_refusal(ctx, &mut upstream, &mut held).await;
         if verdict == Verdict::Pending {
-            return after(settle::on(ctx, response::refusal_read(ctx)));
+            return Err(after(settle::on(ctx, response::refusal_read(ctx))));
         }
         true
     } else {
-        match read_to_commit(ctx, &mut upstream, deadline, &mut held).await {
-            Ok(ended) => ended,
-            Err(drive) => return drive,
-        }
+        read_to_commit(ctx, &mut upstream, deadline, &mut held).await?
     };
-    commit(
-        session, ctx, runtime, connector, peer, upstream, header, held, ended,
-    )
-    .await
+    Ok(Ahead {
+        upstream,
+        header,
+        held,
+        ended,
+    })
 }
 
 /// Connect (or take a pooled connection), send the request, read the response header, all
 /// within the first-content deadline; a failure on the way is judged and applied.
 async fn call(
-    session: &Session,
+    mut request: pingora_http::RequestHeader,
     ctx: &mut RequestCtx,
     connector: &Connector,
     peer: &HttpPeer,
     deadline: Instant,
 ) -> Result<UpstreamSession, Drive> {
-    let mut request = session.req_header().clone();
     if attempt::rewrite_request_header(ctx, &mut request).is_err() {
         return Err(after(settle::on(ctx, Sent::Connect(Outcome::LocalError))));
     }

@@ -19,18 +19,39 @@ use crate::routing::decide::Via;
 use crate::routing::plan::Plan;
 use crate::snapshot::Snapshot;
 
+/// What the caller's side of a finished request saw, read from Pingora's session: the request
+/// line, and the status of the header actually written to the caller.
+pub struct Wire<'a> {
+    pub method: &'a http::Method,
+    /// The path, without its query string (which may carry a secret).
+    pub path: &'a str,
+    /// `None`: the caller got no header at all (it left first).
+    pub written: Option<u16>,
+}
+
+/// The status an access line and the request counter give a request whose caller got no
+/// header (nginx's "client closed request").
+pub const CANCELLED_STATUS: u16 = 499;
+
 /// Settle, count, record and log a finished request.
-pub fn emit(ctx: &mut RequestCtx, e: Option<&Error>, metrics: &Metrics, ledger: Option<&Ledger>) {
+pub fn emit(
+    ctx: &mut RequestCtx,
+    wire: &Wire<'_>,
+    e: Option<&Error>,
+    metrics: &Metrics,
+    ledger: Option<&Ledger>,
+) {
     settle_open_attempt(ctx, e);
     let cost = super::access::settle(ctx);
     if ctx.in_flight {
         metrics.in_flight.dec();
     }
-    count(ctx, cost);
+    let status = wire.written.unwrap_or(CANCELLED_STATUS);
+    count(ctx, cost, status);
     if let Some(ledger) = ledger {
         record(ctx, cost, ledger);
     }
-    access_line(ctx);
+    access_line(ctx, wire, status);
 }
 
 /// An attempt no driver judged before the request ended: the caller went away (or, once its
@@ -52,7 +73,7 @@ fn settle_open_attempt(ctx: &mut RequestCtx, e: Option<&Error>) {
     }
 }
 
-fn count(ctx: &RequestCtx, cost: u64) {
+fn count(ctx: &RequestCtx, cost: u64, status: u16) {
     let snapshot = &*ctx.snapshot;
     let metrics = &snapshot.metrics;
     let none = snapshot.catalog.providers.len();
@@ -62,11 +83,9 @@ fn count(ctx: &RequestCtx, cost: u64) {
     let route = snapshot
         .route(a.map_or(snapshot.unresolved, |a| a.routed.route))
         .metric;
-    metrics.requests.inc(&[
-        route,
-        served_provider,
-        status_class_index(ctx.downstream.status()),
-    ]);
+    metrics
+        .requests
+        .inc(&[route, served_provider, status_class_index(Some(status))]);
     let Some(a) = a else {
         return;
     };
@@ -196,14 +215,16 @@ fn record(ctx: &RequestCtx, cost: u64, ledger: &Ledger) {
     }
 }
 
-/// One `access` line: request id, route, serving provider, status, every attempt as
+/// One `access` line: request id, method and path, route, serving provider, the status the
+/// caller got (`499` and `error=cancelled` when it left before any header), every attempt as
 /// `provider/upstream_model:credential:outcome`, the serving attempt's TTFB, the total
 /// duration, the tokens the response reported, the error code when signalbox answered itself,
-/// and whether the stream broke. Never a secret, a URL, a header value or request content.
+/// and whether the stream broke (an answer cut short, or ended by the provider's error event).
+/// Never a secret, a query string, a header value or request content.
 ///
 /// Nothing is allocated unless the `access` target is on; the attempt list is written
 /// straight into the line by [`Tried`].
-fn access_line(ctx: &RequestCtx) {
+fn access_line(ctx: &RequestCtx, wire: &Wire<'_>, status: u16) {
     if !tracing::enabled!(target: "access", tracing::Level::INFO) {
         return;
     }
@@ -219,9 +240,11 @@ fn access_line(ctx: &RequestCtx) {
     tracing::info!(
         target: "access",
         request_id = %ctx.request_id.to_str().unwrap_or(""),
+        method = %wire.method,
+        path = %Bounded(wire.path),
         route = %route.label,
         provider = %provider,
-        status = ctx.downstream.status().unwrap_or(0),
+        status,
         attempts = a.map_or(0, |a| a.attempts.made),
         tried = %Tried {
             snapshot,
@@ -232,12 +255,32 @@ fn access_line(ctx: &RequestCtx) {
         duration_ms = millis(ctx.started.elapsed()),
         prompt_tokens = usage.map(|u| u.prompt_tokens),
         completion_tokens = usage.map(|u| u.completion_tokens),
-        error = ctx
-            .local_error
-            .as_ref()
-            .map(|e| tracing::field::display(e.code.as_str())),
+        error = match (&ctx.local_error, wire.written) {
+            (Some(e), _) => Some(tracing::field::display(e.code.as_str())),
+            (None, None) => Some(tracing::field::display("cancelled")),
+            (None, Some(_)) => None,
+        },
         stream_broken = ctx.downstream.is_broken(),
     );
+}
+
+/// A request path as the access line shows it: at most 256 bytes (a hostile 100 KiB URI does
+/// not become a 100 KiB log line).
+struct Bounded<'a>(&'a str);
+
+impl fmt::Display for Bounded<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const MAX: usize = 256;
+        if self.0.len() <= MAX {
+            return f.write_str(self.0);
+        }
+        let mut end = MAX;
+        while !self.0.is_char_boundary(end) {
+            end -= 1;
+        }
+        f.write_str(&self.0[..end])?;
+        f.write_str("…")
+    }
 }
 
 /// Milliseconds with microsecond precision.

@@ -34,6 +34,9 @@ pub async fn admit(
     ctx.in_flight = true;
 
     let req = session.req_header();
+    if let Some(id) = super::headers::caller_request_id(&req.headers) {
+        ctx.request_id = id;
+    }
     // The dialect of any answer, refusals included: the endpoint's, or for the model list the
     // Anthropic SDK's (it always sends its API version).
     ctx.surface = Surface::from_path(req.uri.path()).unwrap_or_default();

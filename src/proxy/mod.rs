@@ -39,6 +39,7 @@ pub mod ctx;
 pub mod driven;
 pub mod emit;
 pub mod fast;
+pub mod headers;
 pub mod intake;
 pub mod planning;
 pub mod respond;
@@ -217,11 +218,17 @@ impl ProxyHttp for Gateway {
         fast::answer(session, e, ctx).await
     }
 
-    async fn logging(&self, _session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX)
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX)
     where
         Self::CTX: Send + Sync,
     {
-        emit::emit(ctx, e, &self.metrics, self.ledger.as_deref());
+        let req = session.req_header();
+        let wire = emit::Wire {
+            method: &req.method,
+            path: req.uri.path(),
+            written: session.response_written().map(|h| h.status.as_u16()),
+        };
+        emit::emit(ctx, &wire, e, &self.metrics, self.ledger.as_deref());
     }
 
     fn suppress_error_log(&self, _session: &Session, _ctx: &Self::CTX, _error: &Error) -> bool {

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue};
+use http::HeaderValue;
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 
@@ -31,6 +31,9 @@ pub async fn write_json(
     resp.insert_header("content-type", "application/json")?;
     resp.insert_header("content-length", body.len())?;
     resp.insert_header("x-request-id", ctx.request_id.clone())?;
+    if ctx.surface.dialect() == Dialect::Anthropic {
+        resp.insert_header("request-id", ctx.request_id.clone())?;
+    }
     if let Some(secs) = retry_after {
         resp.insert_header("retry-after", secs)?;
     }
@@ -100,6 +103,8 @@ pub mod names {
     use http::HeaderName;
 
     pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+    /// Anthropic's name for the request id, on Anthropic-dialect answers.
+    pub const REQUEST_ID: HeaderName = HeaderName::from_static("request-id");
     pub const X_ROUTED_VIA: HeaderName = HeaderName::from_static("x-routed-via");
     pub const X_LLM_PROVIDER: HeaderName = HeaderName::from_static("x-llm-provider");
     pub const X_LLM_MODEL: HeaderName = HeaderName::from_static("x-llm-model");
@@ -146,19 +151,16 @@ pub fn edit_request_parts<R>(
     out
 }
 
-/// Add the routing headers to a relayed response (and drop `dropped` provider headers).
-pub fn add_routing_headers(
-    resp: &mut ResponseHeader,
-    ctx: &RequestCtx,
-    now: Instant,
-    dropped: &[HeaderName],
-) {
+/// Keep, of a relayed response's provider headers, what may reach the caller
+/// ([`super::headers::to_caller`]), and add the routing headers.
+pub fn add_routing_headers(resp: &mut ResponseHeader, ctx: &RequestCtx, now: Instant) {
     edit_response_parts(resp, |parts| {
         let headers = &mut parts.headers;
-        for name in dropped {
-            headers.remove(name);
-        }
+        super::headers::to_caller(headers, &ctx.snapshot.response.pass_headers);
         headers.insert(names::X_REQUEST_ID, ctx.request_id.clone());
+        if ctx.surface.dialect() == Dialect::Anthropic {
+            headers.insert(names::REQUEST_ID, ctx.request_id.clone());
+        }
         let snapshot = &*ctx.snapshot;
         let Some(a) = &ctx.admitted else {
             return;
@@ -402,7 +404,7 @@ mod tests {
     }
 
     #[test]
-    fn editing_parts_keeps_status_and_headers_and_drops_only_what_is_asked() {
+    fn editing_parts_keeps_status_and_allowed_headers() {
         let mut resp = ResponseHeader::build(201, Some(4)).unwrap();
         resp.insert_header("Content-Type", "application/json")
             .unwrap();
@@ -413,7 +415,7 @@ mod tests {
         .snapshot();
         let mut ctx = RequestCtx::new(std::sync::Arc::new(snapshot));
         ctx.request_id = HeaderValue::from_static("abc");
-        add_routing_headers(&mut resp, &ctx, Instant::now(), &[http::header::SET_COOKIE]);
+        add_routing_headers(&mut resp, &ctx, Instant::now());
         assert_eq!(resp.status.as_u16(), 201);
         assert_eq!(
             resp.headers.get("content-type").map(|v| v.as_bytes()),

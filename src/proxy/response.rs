@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use http::{header, HeaderName, HeaderValue};
+use http::{header, HeaderValue};
 use pingora_http::ResponseHeader;
 
 use super::ctx::{Broke, Downstream, RequestCtx};
@@ -21,12 +21,6 @@ use crate::attempt::{self, BodyEnd, Outcome, ProviderError, Sent, Shown, Unreada
 use crate::catalog::surface::Conversion;
 use crate::limits::provider::exhausted_for;
 
-/// Response headers of the provider that describe its account, not the answer.
-static DROPPED_RESPONSE_HEADERS: [HeaderName; 3] = [
-    header::SET_COOKIE,
-    HeaderName::from_static("openai-organization"),
-    HeaderName::from_static("openai-project"),
-];
 /// Cap on a provider's `Retry-After` when `health.max_ejection` sets none.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(3600);
 
@@ -170,7 +164,7 @@ fn choose_relay(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader) {
 
 /// The header that commits the request: routing headers added, the caller's side committed.
 pub fn commit_header(ctx: &mut RequestCtx, response: &mut ResponseHeader) {
-    respond::add_routing_headers(response, ctx, Instant::now(), &DROPPED_RESPONSE_HEADERS);
+    respond::add_routing_headers(response, ctx, Instant::now());
     ctx.downstream = Downstream::Committed {
         status: response.status.as_u16(),
     };

@@ -21,7 +21,7 @@ use std::sync::Arc;
 pub use runtime::{RankerService, Runtime};
 
 use crate::catalog::Catalog;
-use crate::config::{BudgetConfig, Config, Failover, Limits, ResponseConfig};
+use crate::config::{BudgetConfig, Config, Failover, Limits, RequestConfig, ResponseConfig};
 use crate::health::HealthRegistry;
 use crate::keys::KeyTable;
 use crate::limits::budget::Spend;
@@ -35,8 +35,10 @@ pub struct Snapshot {
     pub table: RouteTable,
     pub failover: Failover,
     pub limits: Limits,
-    /// What signalbox adds to response bodies.
+    /// What signalbox adds to response bodies, and the provider headers relayed.
     pub response: ResponseConfig,
+    /// The caller headers forwarded to providers.
+    pub request: RequestConfig,
     /// Client keys (`keys`); `None`: no caller auth. Set by whoever builds the snapshot, which
     /// knows the previous one to carry the keys' counters from ([`Snapshot::with_accounts`]).
     pub keys: Option<Arc<KeyTable>>,
@@ -111,7 +113,8 @@ impl Snapshot {
             table,
             failover: config.failover,
             limits: config.limits,
-            response: config.response,
+            response: config.response.clone(),
+            request: config.request.clone(),
             keys: None,
             global_budget: config.global_budget,
             global_spend: Arc::default(),

@@ -24,6 +24,7 @@
 
 mod admin;
 mod failover;
+pub(crate) mod headers;
 mod health;
 mod keys;
 mod log;
@@ -92,6 +93,23 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
     let routing = routing::validate_routing(&file.routing, &mut errs);
     let admin = admin::validate_admin(&file.admin, &mut errs);
     let log = log::validate_log(&file.log, &mut errs);
+    let response = super::types::ResponseConfig {
+        provider_field: file.response.provider_field,
+        pass_headers: headers::validate_pass_headers(
+            &file.response.pass_headers,
+            "response.pass_headers",
+            false,
+            &mut errs,
+        ),
+    };
+    let request = super::types::RequestConfig {
+        pass_headers: headers::validate_pass_headers(
+            &file.request.pass_headers,
+            "request.pass_headers",
+            true,
+            &mut errs,
+        ),
+    };
     let keys = file
         .keys
         .as_ref()
@@ -124,9 +142,8 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
         routing,
         pingora: file.pingora,
         log,
-        response: super::types::ResponseConfig {
-            provider_field: file.response.provider_field,
-        },
+        response,
+        request,
         keys,
         global_budget,
         user_budgets,

@@ -87,6 +87,7 @@ fn validate_provider(
         Some(t) => positive_duration(t, &format!("{path}.ttfb_timeout"), errs),
         None => failover.ttfb_timeout,
     };
+    let headers = super::headers::validate_provider_headers(&s.headers, path, errs);
     if errs.len() != before {
         return None;
     }
@@ -101,6 +102,7 @@ fn validate_provider(
         ttfb_timeout,
         enabled: s.enabled,
         budget: None,
+        headers,
     })
 }
 

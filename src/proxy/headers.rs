@@ -1,0 +1,199 @@
+//! What crosses the gateway in headers, both ways, as allowlists: a provider's headers describe
+//! its account (its rate-limit quota on the gateway's key, cookies, its organisation, an echo
+//! of the credential), a caller's may speak for an account the gateway's credential is not
+//! (`OpenAI-Organization`), so neither passes unless named.
+//!
+//! - To the caller: framing, `content-type` and `content-encoding` (a body relayed untouched),
+//!   then signalbox's own headers (added after this filter), and what `response.pass_headers`
+//!   names. A `Retry-After` reaches a caller only on answers signalbox writes itself.
+//! - To the provider: `content-type`, `accept`, what its kind needs (`anthropic-version` and,
+//!   for an Anthropic caller, `anthropic-beta`; `openai-beta`), what `request.pass_headers`
+//!   names (never a credential header), then what signalbox sets: the provider's `headers`,
+//!   its credential, `Host`, `Content-Length`, `x-request-id`.
+//!
+//! Both filters move the kept entries into a fresh map: no value is copied.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+use crate::config::{HeaderGlobs, ProviderKind, CREDENTIAL_HEADERS, GATEWAY_WRITTEN_HEADERS};
+
+/// Keep, of a provider's response header, what may reach the caller.
+pub fn to_caller(headers: &mut HeaderMap, pass: &HeaderGlobs) {
+    retain(headers, |name| {
+        matches!(
+            *name,
+            header::CONTENT_TYPE
+                | header::CONTENT_LENGTH
+                | header::TRANSFER_ENCODING
+                | header::CONTENT_ENCODING
+        ) || (!pass.is_empty() && pass.matches(name.as_str()))
+    });
+}
+
+/// Keep, of the caller's request header, what may reach a provider of this kind. `betas`:
+/// whether the caller's `anthropic-beta` travels (an Anthropic caller, same dialect).
+pub fn to_provider(headers: &mut HeaderMap, kind: ProviderKind, betas: bool, pass: &HeaderGlobs) {
+    retain(headers, |name| {
+        let n = name.as_str();
+        // The dialect's version and beta headers are decided by the provider's kind alone.
+        match n {
+            "anthropic-version" => return kind == ProviderKind::Anthropic,
+            "anthropic-beta" => return kind == ProviderKind::Anthropic && betas,
+            "openai-beta" => return kind == ProviderKind::OpenAi,
+            _ => {}
+        }
+        matches!(*name, header::CONTENT_TYPE | header::ACCEPT)
+            || (!pass.is_empty()
+                && pass.matches(n)
+                && !CREDENTIAL_HEADERS.contains(&n)
+                && !GATEWAY_WRITTEN_HEADERS.contains(&n)
+                && !n.starts_with("x-llm-"))
+    });
+}
+
+/// Keep the entries whose name `keep` accepts, in order, moving them (names and values are not
+/// copied; the map is rebuilt once).
+fn retain(headers: &mut HeaderMap, keep: impl Fn(&HeaderName) -> bool) {
+    let old = std::mem::replace(headers, HeaderMap::with_capacity(16));
+    let mut kept = false;
+    let mut last: Option<HeaderName> = None;
+    for (name, value) in old {
+        // `None`: another value of the previous name.
+        if let Some(name) = name {
+            kept = keep(&name);
+            last = Some(name);
+        }
+        if kept {
+            if let Some(name) = &last {
+                headers.append(name.clone(), value);
+            }
+        }
+    }
+}
+
+/// A caller's `x-request-id`, kept as the request's id when it is 1–128 visible ASCII
+/// characters (anything else is replaced by signalbox's own).
+pub fn caller_request_id(headers: &HeaderMap) -> Option<HeaderValue> {
+    let v = headers.get(crate::proxy::respond::names::X_REQUEST_ID)?;
+    let bytes = v.as_bytes();
+    let visible = bytes.iter().all(|b| (0x21..0x7f).contains(b));
+    (!bytes.is_empty() && bytes.len() <= 128 && visible).then(|| v.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        m
+    }
+
+    #[test]
+    fn a_providers_account_headers_never_reach_the_caller() {
+        let mut h = map(&[
+            ("content-type", "application/json"),
+            ("x-echo-auth", "Bearer sk-canary"),
+            ("set-cookie", "a=b"),
+            ("x-ratelimit-remaining-requests", "10"),
+            ("server", "upstream"),
+            ("location", "http://internal/"),
+            ("openai-processing-ms", "12"),
+            ("retry-after", "3"),
+            ("content-length", "12"),
+        ]);
+        to_caller(&mut h, &HeaderGlobs::default());
+        let names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["content-type", "content-length"]);
+    }
+
+    #[test]
+    fn pass_headers_name_what_the_caller_may_see() {
+        let mut h = map(&[
+            ("x-ratelimit-remaining-requests", "10"),
+            ("x-ratelimit-limit-requests", "20"),
+            ("vary", "a"),
+            ("vary", "b"),
+            ("server", "upstream"),
+        ]);
+        let pass = HeaderGlobs(vec!["x-ratelimit-*".into(), "vary".into()]);
+        to_caller(&mut h, &pass);
+        assert_eq!(h.len(), 4);
+        assert_eq!(h.get_all("vary").iter().count(), 2);
+        assert!(h.get("server").is_none());
+    }
+
+    #[test]
+    fn a_callers_account_and_credential_headers_never_reach_a_provider() {
+        let base = [
+            ("authorization", "Bearer caller"),
+            ("x-api-key", "caller"),
+            ("openai-organization", "org-caller"),
+            ("openai-project", "proj"),
+            ("cookie", "c=1"),
+            ("user-agent", "sdk"),
+            ("content-type", "application/json"),
+            ("accept", "text/event-stream"),
+            ("openai-beta", "assistants=v2"),
+            ("anthropic-version", "2023-06-01"),
+            ("anthropic-beta", "tools"),
+            ("x-llm-metadata", "{}"),
+            ("x-trace", "t"),
+        ];
+        let mut h = map(&base);
+        to_provider(&mut h, ProviderKind::OpenAi, false, &HeaderGlobs::default());
+        let names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["content-type", "accept", "openai-beta"]);
+
+        let mut h = map(&base);
+        to_provider(
+            &mut h,
+            ProviderKind::Anthropic,
+            true,
+            &HeaderGlobs::default(),
+        );
+        let names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "content-type",
+                "accept",
+                "anthropic-version",
+                "anthropic-beta"
+            ]
+        );
+
+        // A wildcard never lets a credential, signalbox's own or a framing header through.
+        let mut h = map(&base);
+        let pass = HeaderGlobs(vec!["*".into()]);
+        to_provider(&mut h, ProviderKind::Anthropic, false, &pass);
+        for gone in [
+            "authorization",
+            "x-api-key",
+            "cookie",
+            "x-llm-metadata",
+            "anthropic-beta",
+        ] {
+            assert!(h.get(gone).is_none(), "{gone} passed");
+        }
+        assert_eq!(h.get("x-trace").unwrap(), "t");
+        assert_eq!(h.get("openai-organization").unwrap(), "org-caller");
+    }
+
+    #[test]
+    fn a_callers_request_id_is_kept_when_it_is_sane() {
+        let ok = map(&[("x-request-id", "trace-123")]);
+        assert_eq!(caller_request_id(&ok).unwrap(), "trace-123");
+        let long = "a".repeat(129);
+        for bad in ["", "has space", long.as_str()] {
+            let h = map(&[("x-request-id", bad)]);
+            assert!(caller_request_id(&h).is_none(), "{bad:?} kept");
+        }
+    }
+}

@@ -257,3 +257,214 @@ mod sse {
         }
     }
 }
+
+mod headers {
+    //! `Retry-After` and the providers' rate-limit headers: any text is read without a panic,
+    //! what is read stays in range, and the forms providers write read back as written.
+
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use http::{HeaderMap, HeaderValue};
+    use proptest::prelude::*;
+    use signalbox::attempt::outcome::parse_retry_after;
+    use signalbox::limits::provider::{exhausted_for, parse_go_duration};
+
+    use super::config;
+
+    /// The longest pause a rate-limit header imposes (`limits::provider`).
+    const MAX_PAUSE: Duration = Duration::from_secs(3_600);
+
+    /// Header-like text: what a provider could put in a value, and then some.
+    fn header_text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            "[ 0-9.:+-]{0,24}",
+            "[ 0-9a-zA-Z.,:+-]{0,40}",
+            "([0-9]{0,25}(\\.[0-9]{0,6})?(h|m|s|ms|us|µs|ns|x|)){0,4}",
+        ]
+    }
+
+    /// An instant on a whole second, in the years providers answer in.
+    fn now() -> impl Strategy<Value = SystemTime> {
+        (1_500_000_000u64..2_500_000_000).prop_map(|s| UNIX_EPOCH + Duration::from_secs(s))
+    }
+
+    /// `d` as Go's `Duration.String()` writes it (OpenAI's `x-ratelimit-reset-*`): `1h2m3.5s`,
+    /// `6m0s`, `20ms`, `1.5µs`, `0s`.
+    fn go_format(d: Duration) -> String {
+        fn trimmed(whole: u128, frac: u128, digits: usize) -> String {
+            let f = format!("{frac:0digits$}");
+            let f = f.trim_end_matches('0');
+            if f.is_empty() {
+                whole.to_string()
+            } else {
+                format!("{whole}.{f}")
+            }
+        }
+        let ns = d.as_nanos();
+        match ns {
+            0 => "0s".to_string(),
+            1..1_000 => format!("{ns}ns"),
+            1_000..1_000_000 => format!("{}µs", trimmed(ns / 1_000, ns % 1_000, 3)),
+            1_000_000..1_000_000_000 => {
+                format!("{}ms", trimmed(ns / 1_000_000, ns % 1_000_000, 6))
+            }
+            _ => {
+                let (h, m) = (ns / 3_600_000_000_000, ns / 60_000_000_000 % 60);
+                let s = trimmed(ns / 1_000_000_000 % 60, ns % 1_000_000_000, 9);
+                match (h, m) {
+                    (0, 0) => format!("{s}s"),
+                    (0, m) => format!("{m}m{s}s"),
+                    (h, m) => format!("{h}h{m}m{s}s"),
+                }
+            }
+        }
+    }
+
+    fn close(a: Duration, b: Duration) -> bool {
+        a.abs_diff(b) <= Duration::from_micros(1)
+    }
+
+    fn headers(pairs: &[(&'static str, String)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            if let Ok(v) = HeaderValue::from_str(v) {
+                h.append(*k, v);
+            }
+        }
+        h
+    }
+
+    const NAMES: [&str; 12] = [
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests",
+        "x-ratelimit-remaining-tokens",
+        "x-ratelimit-reset-tokens",
+        "anthropic-ratelimit-requests-remaining",
+        "anthropic-ratelimit-requests-reset",
+        "anthropic-ratelimit-tokens-remaining",
+        "anthropic-ratelimit-tokens-reset",
+        "anthropic-ratelimit-input-tokens-remaining",
+        "anthropic-ratelimit-input-tokens-reset",
+        "anthropic-ratelimit-output-tokens-remaining",
+        "anthropic-ratelimit-output-tokens-reset",
+    ];
+
+    /// Found by the property: a reset past what a `Duration` holds panicked (in
+    /// `Duration::from_secs_f64`) on the request path; it reads as the longest pause now.
+    #[test]
+    fn a_reset_too_long_for_a_duration_is_the_longest_pause() {
+        let huge = "20000000000000000000000h";
+        assert_eq!(parse_go_duration(huge), Some(Duration::MAX));
+        let h = headers(&[
+            ("x-ratelimit-remaining-tokens", "0".to_string()),
+            ("x-ratelimit-reset-tokens", huge.to_string()),
+        ]);
+        assert_eq!(exhausted_for(&h, UNIX_EPOCH), Some(MAX_PAUSE));
+    }
+
+    proptest! {
+        #![proptest_config(config(256))]
+
+        #[test]
+        fn retry_after_reads_any_text_within_its_cap(
+            value in header_text(),
+            now in now(),
+            cap_s in 0u64..100_000,
+        ) {
+            let cap = Duration::from_secs(cap_s);
+            if let Some(d) = parse_retry_after(&value, now, cap) {
+                prop_assert!(d <= cap, "{:?} over the cap {:?}", d, cap);
+            }
+        }
+
+        #[test]
+        fn retry_after_delta_seconds_read_back(
+            secs in prop_oneof![0u64..10_000, any::<u64>()],
+            pad in "[ \t]{0,2}",
+            now in now(),
+            cap_s in 1u64..100_000,
+        ) {
+            let cap = Duration::from_secs(cap_s);
+            let got = parse_retry_after(&format!("{pad}{secs}{pad}"), now, cap);
+            prop_assert_eq!(got, Some(Duration::from_secs(secs).min(cap)));
+            let negative = parse_retry_after(&format!("-{secs}"), now, cap);
+            prop_assert_eq!(negative, Some(Duration::ZERO));
+        }
+
+        #[test]
+        fn retry_after_http_dates_read_back(
+            offset in -100_000i64..100_000,
+            now in now(),
+            cap_s in 1u64..100_000,
+        ) {
+            let cap = Duration::from_secs(cap_s);
+            let at = if offset >= 0 {
+                now + Duration::from_secs(offset.unsigned_abs())
+            } else {
+                now - Duration::from_secs(offset.unsigned_abs())
+            };
+            let want = Duration::from_secs(u64::try_from(offset).unwrap_or(0)).min(cap);
+            let date = httpdate::fmt_http_date(at);
+            prop_assert_eq!(parse_retry_after(&date, now, cap), Some(want), "{}", date);
+        }
+
+        #[test]
+        fn go_durations_read_any_text_without_a_panic(value in header_text()) {
+            let _ = parse_go_duration(&value);
+        }
+
+        #[test]
+        fn go_durations_read_back_as_go_writes_them(
+            d in prop_oneof![
+                (0u64..1_000_000).prop_map(Duration::from_nanos),
+                (0u64..100_000_000).prop_map(Duration::from_micros),
+                (0u64..10_000_000).prop_map(Duration::from_millis),
+            ],
+        ) {
+            let text = go_format(d);
+            let got = parse_go_duration(&text);
+            prop_assert!(got.is_some_and(|g| close(g, d)), "{} read as {:?}", text, got);
+        }
+
+        #[test]
+        fn rate_limit_headers_of_any_value_rest_a_key_at_most_an_hour(
+            windows in proptest::collection::vec(
+                (0usize..6, prop_oneof![3 => Just("0".to_string()), 1 => header_text()], header_text()),
+                0..6,
+            ),
+            now in now(),
+        ) {
+            let pairs: Vec<_> = windows
+                .into_iter()
+                .flat_map(|(w, remaining, reset)| [(NAMES[2 * w], remaining), (NAMES[2 * w + 1], reset)])
+                .collect();
+            if let Some(d) = exhausted_for(&headers(&pairs), now) {
+                prop_assert!(!d.is_zero() && d <= MAX_PAUSE, "{:?}", d);
+            }
+        }
+
+        #[test]
+        fn an_exhausted_window_rests_the_key_until_its_reset(
+            window in 0usize..6,
+            reset_ms in 1u64..10_000_000,
+            remaining in prop_oneof![Just(0u64), 1u64..1_000],
+            now in now(),
+        ) {
+            let (remaining_name, reset_name) = (NAMES[2 * window], NAMES[2 * window + 1]);
+            let reset = Duration::from_millis(reset_ms);
+            let text = if window < 2 {
+                go_format(reset)
+            } else {
+                let now_ms = i64::try_from(now.duration_since(UNIX_EPOCH).expect("after").as_millis()).expect("ms");
+                signalbox::rfc3339::format_ms(now_ms + i64::try_from(reset_ms).expect("ms"))
+            };
+            let got = exhausted_for(&headers(&[(remaining_name, remaining.to_string()), (reset_name, text.clone())]), now);
+            if remaining == 0 {
+                prop_assert!(got.is_some_and(|g| close(g, reset.min(MAX_PAUSE))), "{} read as {:?}", text, got);
+            } else {
+                prop_assert_eq!(got, None);
+            }
+        }
+    }
+}

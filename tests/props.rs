@@ -468,3 +468,566 @@ mod headers {
         }
     }
 }
+
+mod config_text {
+    //! The config loader and the condition compiler: any text is refused or accepted without
+    //! a panic and well within a second; conditions that are well formed compile, and match
+    //! exactly when the language's rules say they do.
+
+    use std::time::{Duration, Instant};
+
+    use proptest::prelude::*;
+    use serde_yaml::{Mapping, Value};
+    use signalbox::config::compile::compile_condition;
+    use signalbox::config::condition::{FactValue, Facts, Field, MAX_CLAUSES, MAX_DEPTH};
+
+    use super::config;
+
+    /// The bound on one load or one compile, however hostile the input.
+    const BOUND: Duration = Duration::from_secs(1);
+
+    /// The commented example config, every key in it.
+    const EXAMPLE: &str = include_str!("../conf/signalbox.yaml");
+
+    fn timed<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, TestCaseError> {
+        let start = Instant::now();
+        let out = f();
+        let took = start.elapsed();
+        prop_assert!(took < BOUND, "{} took {:?}", what, took);
+        Ok(out)
+    }
+
+    /// What may replace a value in the example: wrong types, extremes, YAML's own syntax.
+    fn token() -> impl Strategy<Value = String> {
+        prop_oneof![
+            proptest::sample::select(vec![
+                "0",
+                "-1",
+                "1e400",
+                "-0",
+                "18446744073709551616",
+                "9223372036854775807",
+                "0.5",
+                "nan",
+                ".inf",
+                "true",
+                "null",
+                "~",
+                "\"\"",
+                "[]",
+                "{}",
+                "[[[[]]]]",
+                "{ a: }",
+                "*a",
+                "&a x",
+                "!!binary aGk=",
+                "!tag x",
+                "1h",
+                "0s",
+                "-5s",
+                "1.5ms",
+                "99999999h",
+                "openai",
+                "anthropic",
+                "http://127.0.0.1:1/v1",
+                "gopher://x",
+                "\"\\u0000\"",
+                "'",
+                "\"",
+                "|",
+                ">",
+                "- x",
+                "? x",
+                "@",
+                "%YAML 1.2",
+                "---",
+                "...",
+                "é",
+                "0x10",
+                "0o7",
+                "+1",
+                "1_000",
+                "2026-12-01T00:00:00Z",
+                "$regex",
+                "{ $and: [] }",
+            ])
+            .prop_map(str::to_string),
+            "[ -~]{0,12}",
+        ]
+    }
+
+    /// One edit of the example's lines.
+    #[derive(Debug, Clone)]
+    enum Edit {
+        Delete(usize),
+        Duplicate(usize),
+        /// The text after the line's first `: ` replaced.
+        Value(usize, String),
+        Indent(usize, usize),
+        Outdent(usize),
+        Insert(usize, String),
+        /// A byte cut off the end of the text.
+        Truncate(usize),
+    }
+
+    fn edit() -> impl Strategy<Value = Edit> {
+        let at = any::<usize>();
+        prop_oneof![
+            1 => at.prop_map(Edit::Delete),
+            1 => at.prop_map(Edit::Duplicate),
+            4 => (at, token()).prop_map(|(i, t)| Edit::Value(i, t)),
+            1 => (at, 1usize..4).prop_map(|(i, n)| Edit::Indent(i, n)),
+            1 => at.prop_map(Edit::Outdent),
+            1 => (at, token()).prop_map(|(i, t)| Edit::Insert(i, t)),
+            1 => at.prop_map(Edit::Truncate),
+        ]
+    }
+
+    fn edited(edits: &[Edit]) -> String {
+        let mut lines: Vec<String> = EXAMPLE.lines().map(str::to_string).collect();
+        let mut truncate = None;
+        for e in edits {
+            let n = lines.len().max(1);
+            match e {
+                Edit::Delete(i) if !lines.is_empty() => {
+                    lines.remove(i % n);
+                }
+                Edit::Duplicate(i) if !lines.is_empty() => {
+                    let l = lines[i % n].clone();
+                    lines.insert(i % n, l);
+                }
+                Edit::Value(i, t) if !lines.is_empty() => {
+                    let l = &mut lines[i % n];
+                    if let Some(c) = l.find(": ") {
+                        l.replace_range(c + 2.., t);
+                    } else {
+                        l.push_str(t);
+                    }
+                }
+                Edit::Indent(i, k) if !lines.is_empty() => {
+                    lines[i % n].insert_str(0, &" ".repeat(*k))
+                }
+                Edit::Outdent(i) if !lines.is_empty() => {
+                    let l = &mut lines[i % n];
+                    let trimmed = l.strip_prefix("  ").unwrap_or(l).to_string();
+                    *l = trimmed;
+                }
+                Edit::Insert(i, t) => lines.insert(i % (lines.len() + 1), t.clone()),
+                Edit::Truncate(i) => truncate = Some(*i),
+                _ => {}
+            }
+        }
+        let mut text = lines.join("\n");
+        if let Some(i) = truncate {
+            let mut cut = i % (text.len() + 1);
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+        }
+        text
+    }
+
+    #[test]
+    fn the_example_config_loads() {
+        signalbox::config::parse(EXAMPLE).expect("conf/signalbox.yaml is valid");
+    }
+
+    /// A config of one rule whose condition is `when`, YAML lines indented under it.
+    fn with_condition(when: &str) -> String {
+        format!(
+            "providers:\n  a: {{ kind: openai, base_url: \"http://127.0.0.1:1/v1\" }}\n\
+             models:\n  m: {{ deployments: [{{ provider: a, model: up }}] }}\n\
+             chains:\n  c: [m]\n\
+             rules:\n  - then: auto:c\n    when:{when}\n"
+        )
+    }
+
+    fn refused_in_bounded_time(text: &str) -> String {
+        let start = Instant::now();
+        let e = signalbox::config::parse(text).expect_err("refused");
+        assert!(start.elapsed() < BOUND, "{:?}", start.elapsed());
+        e.to_string()
+    }
+
+    /// YAML's alias bomb, ten aliases of ten aliases twelve deep: refused (serde_yaml stops
+    /// after 100 alias jumps an event; signalbox sooner), not expanded.
+    #[test]
+    fn an_alias_bomb_is_refused_in_bounded_time() {
+        let mut bomb = String::from("\n      a0: &a0 [x, x, x, x, x, x, x, x, x, x]");
+        for i in 1..12 {
+            let refs = vec![format!("*a{}", i - 1); 10].join(", ");
+            bomb.push_str(&format!("\n      a{i}: &a{i} [{refs}]"));
+        }
+        let e = refused_in_bounded_time(&with_condition(&bomb));
+        assert!(e.contains("YAML aliases"), "{e}");
+    }
+
+    /// Found by the bound: a wide anchor replayed by many aliases stays under serde_yaml's
+    /// jump limit and stood for a million values (5 s to load 8 KiB in a debug build).
+    #[test]
+    fn a_wide_alias_bomb_is_refused_in_bounded_time() {
+        let xs = vec!["x"; 1000].join(", ");
+        let refs = vec!["*a0"; 1000].join(", ");
+        let text = with_condition(&format!("\n      a0: &a0 [{xs}]\n      a1: [{refs}]"));
+        let e = refused_in_bounded_time(&text);
+        assert!(e.contains("YAML aliases"), "{e}");
+    }
+
+    /// Aliases that stand for a few values more load as before.
+    #[test]
+    fn modest_aliases_still_load() {
+        let text = with_condition(" { $or: [ &t { params.tools: true }, *t, *t ] }");
+        signalbox::config::parse(&text).expect("valid");
+    }
+
+    // === the condition language, modelled ===
+
+    /// A constant of a condition, or a request's value.
+    #[derive(Debug, Clone, PartialEq)]
+    enum V {
+        S(String),
+        N(f64),
+        B(bool),
+    }
+
+    impl V {
+        fn yaml(&self) -> Value {
+            match self {
+                V::S(s) => Value::String(s.clone()),
+                V::N(n) => Value::Number((*n).into()),
+                V::B(b) => Value::Bool(*b),
+            }
+        }
+
+        fn same_type(&self, o: &V) -> bool {
+            matches!(
+                (self, o),
+                (V::S(_), V::S(_)) | (V::N(_), V::N(_)) | (V::B(_), V::B(_))
+            )
+        }
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Kind {
+        S,
+        N,
+        B,
+        /// `metadata.*`: any type.
+        Any,
+    }
+
+    const FIELDS: [(&str, Kind); 9] = [
+        ("params.stream", Kind::B),
+        ("params.tools", Kind::B),
+        ("params.model", Kind::S),
+        ("params.endpoint", Kind::S),
+        ("params.max_tokens", Kind::N),
+        ("budget.used_pct", Kind::N),
+        ("key.id", Kind::S),
+        ("metadata.team", Kind::Any),
+        ("metadata.tier", Kind::Any),
+    ];
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Eq(V),
+        Ne(V),
+        /// `$gt`, `$gte`, `$lt`, `$lte`.
+        Ord(&'static str, f64),
+        In(Vec<V>, bool),
+        Regex(&'static str),
+    }
+
+    impl Op {
+        fn name(&self) -> &'static str {
+            match self {
+                Op::Eq(_) => "$eq",
+                Op::Ne(_) => "$ne",
+                Op::Ord(o, _) => o,
+                Op::In(_, false) => "$in",
+                Op::In(_, true) => "$nin",
+                Op::Regex(_) => "$regex",
+            }
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Cond {
+        /// A field and its operators (all must hold); a lone `$eq` may be written bare.
+        Leaf(usize, Vec<Op>, bool),
+        And(Vec<Cond>),
+        Or(Vec<Cond>),
+    }
+
+    fn value(kind: Kind) -> BoxedStrategy<V> {
+        let s = proptest::sample::select(vec!["a", "b", "ab", "chat.completions", ""])
+            .prop_map(|s| V::S(s.to_string()));
+        let n = proptest::sample::select(vec![-1.0, 0.0, 1.0, 2.5, 100.0]).prop_map(V::N);
+        let b = any::<bool>().prop_map(V::B);
+        match kind {
+            Kind::S => s.boxed(),
+            Kind::N => n.boxed(),
+            Kind::B => b.boxed(),
+            Kind::Any => prop_oneof![s, n, b].boxed(),
+        }
+    }
+
+    fn op(kind: Kind) -> BoxedStrategy<Op> {
+        let mut ops = vec![
+            value(kind).prop_map(Op::Eq).boxed(),
+            value(kind).prop_map(Op::Ne).boxed(),
+            (proptest::collection::vec(value(kind), 1..4), any::<bool>())
+                .prop_map(|(l, negate)| Op::In(l, negate))
+                .boxed(),
+        ];
+        if matches!(kind, Kind::N | Kind::Any) {
+            let ord = proptest::sample::select(vec!["$gt", "$gte", "$lt", "$lte"]);
+            let n = proptest::sample::select(vec![-1.0, 0.0, 1.0, 2.5, 100.0]);
+            ops.push((ord, n).prop_map(|(o, n)| Op::Ord(o, n)).boxed());
+        }
+        if matches!(kind, Kind::S | Kind::Any) {
+            let p = proptest::sample::select(vec!["^a", "b$", "a|c", "^[a-c]+$", "\\.", "(?i)AB"]);
+            ops.push(p.prop_map(Op::Regex).boxed());
+        }
+        proptest::strategy::Union::new(ops).boxed()
+    }
+
+    fn leaf() -> impl Strategy<Value = Cond> {
+        (0..FIELDS.len())
+            .prop_flat_map(|f| {
+                (
+                    Just(f),
+                    proptest::collection::vec(op(FIELDS[f].1), 1..3),
+                    any::<bool>(),
+                )
+            })
+            .prop_map(|(f, mut ops, bare)| {
+                // An operator appears once per field (a YAML mapping's keys are unique).
+                let mut seen = Vec::new();
+                ops.retain(|o| {
+                    let fresh = !seen.contains(&o.name());
+                    seen.push(o.name());
+                    fresh
+                });
+                Cond::Leaf(f, ops, bare)
+            })
+    }
+
+    fn condition() -> impl Strategy<Value = Cond> {
+        leaf().prop_recursive(5, 48, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 1..4).prop_map(Cond::And),
+                proptest::collection::vec(inner, 1..4).prop_map(Cond::Or),
+            ]
+        })
+    }
+
+    impl Cond {
+        fn yaml(&self) -> Value {
+            let mut m = Mapping::new();
+            match self {
+                Cond::Leaf(f, ops, bare) => {
+                    let v = match ops.as_slice() {
+                        [Op::Eq(v)] if *bare => v.yaml(),
+                        ops => {
+                            let mut o = Mapping::new();
+                            for op in ops {
+                                let v = match op {
+                                    Op::Eq(v) | Op::Ne(v) => v.yaml(),
+                                    Op::Ord(_, n) => Value::Number((*n).into()),
+                                    Op::In(l, _) => {
+                                        Value::Sequence(l.iter().map(V::yaml).collect())
+                                    }
+                                    Op::Regex(p) => Value::String((*p).to_string()),
+                                };
+                                o.insert(Value::String(op.name().to_string()), v);
+                            }
+                            Value::Mapping(o)
+                        }
+                    };
+                    m.insert(Value::String(FIELDS[*f].0.to_string()), v);
+                }
+                Cond::And(parts) | Cond::Or(parts) => {
+                    let key = if matches!(self, Cond::And(_)) {
+                        "$and"
+                    } else {
+                        "$or"
+                    };
+                    m.insert(
+                        Value::String(key.to_string()),
+                        Value::Sequence(parts.iter().map(Cond::yaml).collect()),
+                    );
+                }
+            }
+            Value::Mapping(m)
+        }
+
+        /// The deepest nesting of `$and`/`$or`.
+        fn groups(&self) -> usize {
+            match self {
+                Cond::Leaf(..) => 0,
+                Cond::And(p) | Cond::Or(p) => 1 + p.iter().map(Cond::groups).max().unwrap_or(0),
+            }
+        }
+
+        fn clauses(&self) -> usize {
+            match self {
+                Cond::Leaf(_, ops, _) => ops.len(),
+                Cond::And(p) | Cond::Or(p) => p.iter().map(Cond::clauses).sum(),
+            }
+        }
+
+        /// The language's rules, as the condition module's documentation states them: a
+        /// missing value or one of another type makes a comparison false, `$ne` and `$nin`
+        /// included.
+        fn holds(&self, facts: &Req) -> bool {
+            match self {
+                Cond::And(p) => p.iter().all(|c| c.holds(facts)),
+                Cond::Or(p) => p.iter().any(|c| c.holds(facts)),
+                Cond::Leaf(f, ops, _) => {
+                    let Some(v) = &facts.0[*f] else { return false };
+                    ops.iter().all(|op| match op {
+                        Op::Eq(c) => v == c,
+                        Op::Ne(c) => v.same_type(c) && v != c,
+                        Op::Ord(o, c) => match v {
+                            V::N(n) => match *o {
+                                "$gt" => n > c,
+                                "$gte" => n >= c,
+                                "$lt" => n < c,
+                                _ => n <= c,
+                            },
+                            _ => false,
+                        },
+                        Op::In(l, false) => l.contains(v),
+                        Op::In(l, true) => !l.contains(v) && l.iter().any(|c| c.same_type(v)),
+                        Op::Regex(p) => match v {
+                            V::S(s) => regex::Regex::new(p).expect("a valid pattern").is_match(s),
+                            _ => false,
+                        },
+                    })
+                }
+            }
+        }
+    }
+
+    /// One request's facts: a value (of any type) or none for each of [`FIELDS`].
+    #[derive(Debug, Clone)]
+    struct Req(Vec<Option<V>>);
+
+    impl Facts for Req {
+        fn get(&self, field: &Field) -> Option<FactValue<'_>> {
+            let i = FIELDS
+                .iter()
+                .position(|(name, _)| Field::parse(name).as_ref() == Some(field))?;
+            self.0[i].as_ref().map(|v| match v {
+                V::S(s) => FactValue::Str(s),
+                V::N(n) => FactValue::Num(*n),
+                V::B(b) => FactValue::Bool(*b),
+            })
+        }
+    }
+
+    fn facts() -> impl Strategy<Value = Req> {
+        proptest::collection::vec(prop::option::of(value(Kind::Any)), FIELDS.len()).prop_map(Req)
+    }
+
+    /// YAML-ish text a condition could be written in.
+    fn condition_text() -> impl Strategy<Value = String> {
+        proptest::collection::vec(
+            prop_oneof![
+                proptest::sample::select(vec![
+                    "{",
+                    "}",
+                    "[",
+                    "]",
+                    ", ",
+                    ": ",
+                    "\n",
+                    "  ",
+                    "- ",
+                    "$and",
+                    "$or",
+                    "$eq",
+                    "$ne",
+                    "$gt",
+                    "$in",
+                    "$nin",
+                    "$regex",
+                    "$bogus",
+                    "params.stream",
+                    "params.model",
+                    "params.max_tokens",
+                    "metadata.",
+                    "metadata.x",
+                    "key.id",
+                    "budget.used_pct",
+                    "nope.x",
+                    "true",
+                    "null",
+                    "1e999",
+                    "-3",
+                    "\"(a+)+$\"",
+                    "\"[\"",
+                    "\"(?:a{1000}){1000}\"",
+                    "&x ",
+                    "*x",
+                    "!!str ",
+                    "? ",
+                ])
+                .prop_map(str::to_string),
+                "[ -~]{1,6}",
+            ],
+            0..40,
+        )
+        .prop_map(|t| t.concat())
+    }
+
+    proptest! {
+        #![proptest_config(config(256))]
+
+        #[test]
+        fn any_text_loads_or_is_refused_within_a_second(text in any::<String>()) {
+            timed("parse", || signalbox::config::parse(&text).map(drop))?.ok();
+        }
+
+        #[test]
+        fn an_edited_example_loads_or_is_refused_within_a_second(
+            edits in proptest::collection::vec(edit(), 1..6),
+        ) {
+            let text = edited(&edits);
+            timed("parse", || signalbox::config::parse(&text).map(drop))?.ok();
+        }
+
+        #[test]
+        fn any_condition_text_compiles_or_is_refused_within_a_second(text in condition_text()) {
+            // Text that is not YAML never reaches the compiler.
+            if let Ok(raw) = serde_yaml::from_str::<Value>(&text) {
+                let mut errs = Vec::new();
+                let compiled = timed("compile", || compile_condition(&raw, "when", &mut errs))?;
+                prop_assert_eq!(compiled.is_some(), errs.is_empty(), "{:?}", errs);
+                if let Some(c) = compiled {
+                    timed("match", || c.matches(&Req(vec![None; FIELDS.len()])))?;
+                }
+            }
+        }
+
+        #[test]
+        fn well_formed_conditions_compile_and_match_by_the_rules(
+            cond in condition(),
+            requests in proptest::collection::vec(facts(), 1..6),
+        ) {
+            let text = serde_yaml::to_string(&cond.yaml()).expect("yaml");
+            let raw: Value = serde_yaml::from_str(&text).expect("yaml");
+            let mut errs = Vec::new();
+            let compiled = timed("compile", || compile_condition(&raw, "when", &mut errs))?;
+            let within = cond.groups() <= MAX_DEPTH && cond.clauses() <= MAX_CLAUSES;
+            prop_assert_eq!(compiled.is_some(), within, "{}{:?}", text, errs);
+            if let Some(c) = compiled {
+                for r in &requests {
+                    prop_assert_eq!(c.matches(r), cond.holds(r), "{}{:?}", text, r);
+                }
+            }
+        }
+    }
+}

@@ -1031,3 +1031,816 @@ mod config_text {
         }
     }
 }
+
+mod dialects {
+    //! The translators between chat (OpenAI) and messages (Anthropic): a request translated and
+    //! translated back keeps its messages, tools and tool results (up to the merges the
+    //! mapping documents), and no body, valid or not, makes a translator panic.
+
+    use bytes::{Bytes, BytesMut};
+    use proptest::prelude::*;
+    use serde_json::{json, Map, Value};
+    use signalbox::adapters::caller::CallerRequest;
+    use signalbox::adapters::chat_messages::{
+        anthropic_error_to_openai, chat_request_to_messages, chat_response_to_messages,
+        messages_request_to_chat, messages_response_to_chat, openai_error_to_anthropic,
+        ChatStreamToMessages, MessagesStreamToChat, ToChat, ToMessages,
+    };
+    use signalbox::catalog::surface::Surface;
+
+    use super::{config, text};
+
+    const TO_MESSAGES: ToMessages<'static> = ToMessages {
+        upstream_model: "claude-up",
+        default_max_tokens: 4096,
+    };
+    const TO_CHAT: ToChat<'static> = ToChat {
+        upstream_model: "gpt-up",
+        stream_usage: true,
+    };
+
+    // === what both dialects say, in one form ===
+
+    /// One thing a turn holds.
+    #[derive(Debug, Clone, PartialEq)]
+    enum Piece {
+        Text(String),
+        Image(String),
+        Call {
+            id: String,
+            name: String,
+            args: Value,
+        },
+        Result {
+            id: String,
+            texts: Vec<String>,
+        },
+    }
+
+    /// A request as the mapping promises to keep it: the system texts, the turns (consecutive
+    /// messages of one role merged; tool results first in a user turn, tool calls last in an
+    /// assistant turn, as the other dialect orders them; empty text dropped), the tools (a
+    /// missing schema is the empty object schema) and the sampling bounds.
+    #[derive(Debug, PartialEq)]
+    struct Normal {
+        system: Vec<String>,
+        turns: Vec<(&'static str, Vec<Piece>)>,
+        tools: Vec<(String, Option<String>, Value)>,
+        /// `auto`, `none`, `required` or the forced tool's name; and whether calls may run in
+        /// parallel.
+        choice: Option<(String, bool)>,
+        max_tokens: u64,
+        stop: Vec<String>,
+        stream: bool,
+    }
+
+    fn texts_of(content: Option<&Value>) -> Vec<String> {
+        match content {
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str).map(str::to_string))
+                .collect(),
+            _ => Vec::new(),
+        }
+        .into_iter()
+        .filter(|t| !t.is_empty())
+        .collect()
+    }
+
+    fn push_turn(
+        turns: &mut Vec<(&'static str, Vec<Piece>)>,
+        role: &'static str,
+        pieces: Vec<Piece>,
+    ) {
+        match turns.last_mut() {
+            Some((r, p)) if *r == role => p.extend(pieces),
+            _ if pieces.is_empty() => {}
+            _ => turns.push((role, pieces)),
+        }
+    }
+
+    /// The order the other dialect gives a turn's pieces.
+    fn ordered(mut turns: Vec<(&'static str, Vec<Piece>)>) -> Vec<(&'static str, Vec<Piece>)> {
+        turns.retain(|(_, p)| !p.is_empty());
+        for (role, pieces) in &mut turns {
+            let key = |p: &Piece| match (*role, p) {
+                ("user", Piece::Result { .. }) => 0,
+                ("assistant", Piece::Call { .. }) => 1,
+                _ => usize::from(*role == "user"),
+            };
+            pieces.sort_by_key(key);
+        }
+        turns
+    }
+
+    fn default_schema() -> Value {
+        json!({"type": "object", "properties": {}})
+    }
+
+    fn strings(v: Option<&Value>) -> Vec<String> {
+        match v {
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(l)) => l
+                .iter()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn chat_normal(body: &Value) -> Normal {
+        let mut system = Vec::new();
+        let mut turns = Vec::new();
+        for m in body["messages"].as_array().into_iter().flatten() {
+            let content = m.get("content");
+            match m["role"].as_str().unwrap_or_default() {
+                "system" | "developer" => system.extend(texts_of(content)),
+                "user" => {
+                    let pieces = match content {
+                        Some(Value::Array(parts)) => parts
+                            .iter()
+                            .filter_map(|p| match p["type"].as_str() {
+                                Some("image_url") => {
+                                    Some(Piece::Image(p["image_url"]["url"].as_str()?.to_string()))
+                                }
+                                _ => Some(Piece::Text(p["text"].as_str()?.to_string())),
+                            })
+                            .filter(|p| *p != Piece::Text(String::new()))
+                            .collect(),
+                        c => texts_of(c).into_iter().map(Piece::Text).collect(),
+                    };
+                    push_turn(&mut turns, "user", pieces);
+                }
+                "assistant" => {
+                    let mut pieces: Vec<Piece> =
+                        texts_of(content).into_iter().map(Piece::Text).collect();
+                    for c in m
+                        .get("tool_calls")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                    {
+                        let args = c["function"]["arguments"].as_str().unwrap_or("{}");
+                        pieces.push(Piece::Call {
+                            id: c["id"].as_str().unwrap_or_default().to_string(),
+                            name: c["function"]["name"]
+                                .as_str()
+                                .unwrap_or_default()
+                                .to_string(),
+                            args: serde_json::from_str(args).expect("arguments are JSON"),
+                        });
+                    }
+                    push_turn(&mut turns, "assistant", pieces);
+                }
+                "tool" => push_turn(
+                    &mut turns,
+                    "user",
+                    vec![Piece::Result {
+                        id: m["tool_call_id"].as_str().unwrap_or_default().to_string(),
+                        texts: texts_of(content),
+                    }],
+                ),
+                r => panic!("a role the generator does not write: {r}"),
+            }
+        }
+        let tools: Vec<_> = body
+            .get("tools")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                let f = &t["function"];
+                (
+                    f["name"].as_str().unwrap_or_default().to_string(),
+                    f.get("description")
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
+                    f.get("parameters")
+                        .filter(|p| !p.is_null())
+                        .cloned()
+                        .unwrap_or_else(default_schema),
+                )
+            })
+            .collect();
+        let parallel = body.get("parallel_tool_calls") != Some(&Value::Bool(false));
+        let choice = match body.get("tool_choice") {
+            _ if tools.is_empty() => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(c) => Some(
+                c["function"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            ),
+            None if parallel => None,
+            None => Some("auto".to_string()),
+        }
+        .map(|c| {
+            let parallel = parallel || c == "none";
+            (c, parallel)
+        });
+        Normal {
+            system,
+            turns: ordered(turns),
+            tools,
+            choice,
+            max_tokens: body
+                .get("max_completion_tokens")
+                .or(body.get("max_tokens"))
+                .and_then(Value::as_u64)
+                .unwrap_or(u64::from(TO_MESSAGES.default_max_tokens)),
+            stop: strings(body.get("stop")),
+            stream: body.get("stream") == Some(&Value::Bool(true)),
+        }
+    }
+
+    fn messages_normal(body: &Value) -> Normal {
+        let system = texts_of(body.get("system"));
+        let mut turns = Vec::new();
+        for t in body["messages"].as_array().into_iter().flatten() {
+            let role = match t["role"].as_str() {
+                Some("user") => "user",
+                Some("assistant") => "assistant",
+                r => panic!("a role the generator does not write: {r:?}"),
+            };
+            let pieces = match &t["content"] {
+                Value::String(s) if s.is_empty() => Vec::new(),
+                Value::String(s) => vec![Piece::Text(s.clone())],
+                Value::Array(blocks) => blocks
+                    .iter()
+                    .filter_map(|b| match b["type"].as_str()? {
+                        "text" => Some(Piece::Text(b["text"].as_str()?.to_string()))
+                            .filter(|p| *p != Piece::Text(String::new())),
+                        "image" => Some(Piece::Image(match b["source"]["type"].as_str()? {
+                            "url" => b["source"]["url"].as_str()?.to_string(),
+                            _ => format!(
+                                "data:{};base64,{}",
+                                b["source"]["media_type"].as_str()?,
+                                b["source"]["data"].as_str()?
+                            ),
+                        })),
+                        "tool_use" => Some(Piece::Call {
+                            id: b["id"].as_str()?.to_string(),
+                            name: b["name"].as_str()?.to_string(),
+                            args: b.get("input").cloned().unwrap_or_else(|| json!({})),
+                        }),
+                        "tool_result" => Some(Piece::Result {
+                            id: b["tool_use_id"].as_str()?.to_string(),
+                            texts: texts_of(b.get("content")),
+                        }),
+                        other => panic!("a block the generator does not write: {other}"),
+                    })
+                    .collect(),
+                other => panic!("content the generator does not write: {other}"),
+            };
+            push_turn(&mut turns, role, pieces);
+        }
+        let tools: Vec<_> = body
+            .get("tools")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                (
+                    t["name"].as_str().unwrap_or_default().to_string(),
+                    t.get("description")
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
+                    t.get("input_schema")
+                        .cloned()
+                        .unwrap_or_else(default_schema),
+                )
+            })
+            .collect();
+        let choice = body
+            .get("tool_choice")
+            .filter(|_| !tools.is_empty())
+            .map(|c| {
+                let name = match c["type"].as_str().unwrap_or_default() {
+                    "any" => "required".to_string(),
+                    "tool" => c["name"].as_str().unwrap_or_default().to_string(),
+                    t => t.to_string(),
+                };
+                let parallel = c.get("disable_parallel_tool_use") != Some(&Value::Bool(true))
+                    || name == "none";
+                (name, parallel)
+            });
+        Normal {
+            system,
+            turns: ordered(turns),
+            tools,
+            choice,
+            max_tokens: body["max_tokens"].as_u64().unwrap_or(0),
+            stop: strings(body.get("stop_sequences")),
+            stream: body.get("stream") == Some(&Value::Bool(true)),
+        }
+    }
+
+    // === generated requests ===
+
+    fn nonempty_text() -> impl Strategy<Value = String> {
+        text(20).prop_map(|t| if t.is_empty() { "x".to_string() } else { t })
+    }
+
+    fn tool_id() -> impl Strategy<Value = String> {
+        "[A-Za-z0-9_-]{1,12}"
+    }
+
+    fn tool_name() -> impl Strategy<Value = String> {
+        "[a-z_]{1,10}"
+    }
+
+    /// Small JSON: arguments, inputs and schemas.
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            text(8).prop_map(Value::String),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::btree_map("[a-z]{1,6}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn json_object() -> impl Strategy<Value = Value> {
+        proptest::collection::btree_map("[a-z]{1,6}", json_value(), 0..4)
+            .prop_map(|m| Value::Object(m.into_iter().collect()))
+    }
+
+    fn image_url() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "https://[a-z]{1,8}\\.example/[a-z]{1,8}\\.png",
+            (
+                proptest::sample::select(vec![
+                    "image/png",
+                    "image/jpeg",
+                    "image/gif",
+                    "image/webp"
+                ]),
+                "[A-Za-z0-9+/]{4,16}={0,2}",
+            )
+                .prop_map(|(t, d)| format!("data:{t};base64,{d}")),
+        ]
+    }
+
+    /// Content as a string or as text parts.
+    fn chat_text_content(texts: Vec<String>, as_string: bool) -> Value {
+        if as_string && texts.len() == 1 {
+            Value::String(texts[0].clone())
+        } else {
+            Value::Array(
+                texts
+                    .into_iter()
+                    .map(|t| json!({"type": "text", "text": t}))
+                    .collect(),
+            )
+        }
+    }
+
+    fn chat_message() -> impl Strategy<Value = Value> {
+        let texts = proptest::collection::vec(nonempty_text(), 1..3);
+        prop_oneof![
+            1 => (texts, any::<bool>(), prop::bool::weighted(0.2)).prop_map(|(t, s, dev)| {
+                json!({"role": if dev { "developer" } else { "system" }, "content": chat_text_content(t, s)})
+            }),
+            4 => (
+                proptest::collection::vec(prop_oneof![3 => nonempty_text().prop_map(Ok), 1 => image_url().prop_map(Err)], 1..4),
+                any::<bool>(),
+            )
+                .prop_map(|(parts, as_string)| {
+                    let content = match parts.as_slice() {
+                        [Ok(t)] if as_string => Value::String(t.clone()),
+                        parts => Value::Array(
+                            parts
+                                .iter()
+                                .map(|p| match p {
+                                    Ok(t) => json!({"type": "text", "text": t}),
+                                    Err(url) => json!({"type": "image_url", "image_url": {"url": url}}),
+                                })
+                                .collect(),
+                        ),
+                    };
+                    json!({"role": "user", "content": content})
+                }),
+            3 => (
+                prop::option::of(nonempty_text()),
+                proptest::collection::vec((tool_id(), tool_name(), json_object(), any::<bool>()), 0..3),
+            )
+                .prop_filter("an assistant message says something", |(t, c)| t.is_some() || !c.is_empty())
+                .prop_map(|(text, calls)| {
+                    let mut m = json!({"role": "assistant", "content": text});
+                    if !calls.is_empty() {
+                        m["tool_calls"] = calls
+                            .into_iter()
+                            .map(|(id, name, args, pretty)| {
+                                let args = if pretty { serde_json::to_string_pretty(&args) } else { serde_json::to_string(&args) };
+                                json!({"id": id, "type": "function", "function": {"name": name, "arguments": args.expect("json")}})
+                            })
+                            .collect();
+                    }
+                    m
+                }),
+            2 => (tool_id(), proptest::collection::vec(text(12), 0..3), any::<bool>()).prop_map(|(id, t, s)| {
+                json!({"role": "tool", "tool_call_id": id, "content": chat_text_content(t, s)})
+            }),
+        ]
+    }
+
+    fn chat_tool() -> impl Strategy<Value = Value> {
+        (
+            tool_name(),
+            prop::option::of(text(16)),
+            prop::option::of(json_object()),
+        )
+            .prop_map(|(name, d, p)| {
+                let mut f = json!({"name": name});
+                if let Some(d) = d {
+                    f["description"] = d.into();
+                }
+                if let Some(p) = p {
+                    f["parameters"] = p;
+                }
+                json!({"type": "function", "function": f})
+            })
+    }
+
+    /// A chat request of any shape the mapping carries both ways; it ends with the caller
+    /// speaking (a final assistant turn is a prefill, refused toward chat).
+    fn chat_request() -> impl Strategy<Value = Value> {
+        (
+            proptest::collection::vec(chat_message(), 0..8),
+            nonempty_text(),
+            proptest::collection::vec(chat_tool(), 0..3),
+            prop::option::of(prop_oneof![
+                Just(json!("auto")),
+                Just(json!("none")),
+                Just(json!("required")),
+                tool_name().prop_map(|n| json!({"type": "function", "function": {"name": n}})),
+            ]),
+            prop::option::of(any::<bool>()),
+            prop::option::of((1u64..200_000, any::<bool>())),
+            prop::option::of(proptest::collection::vec(text(6), 1..4)),
+            any::<bool>(),
+        )
+            .prop_map(
+                |(mut messages, last, tools, choice, parallel, max, stop, stream)| {
+                    messages.push(json!({"role": "user", "content": last}));
+                    let mut req = json!({"model": "caller-model", "messages": messages});
+                    if !tools.is_empty() {
+                        req["tools"] = Value::Array(tools);
+                        if let Some(c) = choice {
+                            req["tool_choice"] = c;
+                        }
+                        if let Some(p) = parallel {
+                            req["parallel_tool_calls"] = p.into();
+                        }
+                    }
+                    if let Some((m, completion)) = max {
+                        req[if completion {
+                            "max_completion_tokens"
+                        } else {
+                            "max_tokens"
+                        }] = m.into();
+                    }
+                    if let Some(s) = stop {
+                        req["stop"] = s.into();
+                    }
+                    if stream {
+                        req["stream"] = true.into();
+                    }
+                    req
+                },
+            )
+    }
+
+    fn user_block() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            3 => text(16).prop_map(|t| json!({"type": "text", "text": t})),
+            1 => image_url().prop_map(|url| match url.strip_prefix("data:") {
+                Some(rest) => {
+                    let (media_type, data) = rest.split_once(";base64,").expect("a data URL");
+                    json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}})
+                }
+                None => json!({"type": "image", "source": {"type": "url", "url": url}}),
+            }),
+            2 => (tool_id(), prop::option::of(prop_oneof![
+                text(12).prop_map(Value::String),
+                proptest::collection::vec(text(12), 0..3)
+                    .prop_map(|t| t.into_iter().map(|t| json!({"type": "text", "text": t})).collect()),
+            ]))
+                .prop_map(|(id, content)| {
+                    let mut b = json!({"type": "tool_result", "tool_use_id": id});
+                    if let Some(c) = content {
+                        b["content"] = c;
+                    }
+                    b
+                }),
+        ]
+    }
+
+    fn assistant_block() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            text(16).prop_map(|t| json!({"type": "text", "text": t})),
+            (tool_id(), tool_name(), json_object())
+                .prop_map(|(id, name, input)| json!({"type": "tool_use", "id": id, "name": name, "input": input})),
+        ]
+    }
+
+    fn turn(role: &'static str) -> BoxedStrategy<Value> {
+        let blocks = if role == "user" {
+            user_block().boxed()
+        } else {
+            assistant_block().boxed()
+        };
+        prop_oneof![
+            1 => text(16).prop_map(Value::String),
+            3 => proptest::collection::vec(blocks, 1..4).prop_map(Value::Array),
+        ]
+        .prop_map(move |content| json!({"role": role, "content": content}))
+        .boxed()
+    }
+
+    fn messages_tool() -> impl Strategy<Value = Value> {
+        (
+            tool_name(),
+            prop::option::of(text(16)),
+            prop::option::of(json_object()),
+        )
+            .prop_map(|(name, d, s)| {
+                let mut t = json!({"name": name});
+                if let Some(d) = d {
+                    t["description"] = d.into();
+                }
+                if let Some(s) = s {
+                    t["input_schema"] = s;
+                }
+                t
+            })
+    }
+
+    /// A messages request of any shape the mapping carries both ways, ending with a user turn
+    /// that says something.
+    fn messages_request() -> impl Strategy<Value = Value> {
+        (
+            prop::option::of(prop_oneof![
+                text(16).prop_map(Value::String),
+                proptest::collection::vec(text(12), 0..3)
+                    .prop_map(|t| t.into_iter().map(|t| json!({"type": "text", "text": t})).collect()),
+            ]),
+            proptest::collection::vec(prop_oneof![turn("user"), turn("assistant")], 0..7),
+            nonempty_text(),
+            proptest::collection::vec(messages_tool(), 0..3),
+            prop::option::of((
+                prop_oneof![
+                    Just(json!({"type": "auto"})),
+                    Just(json!({"type": "any"})),
+                    Just(json!({"type": "none"})),
+                    tool_name().prop_map(|n| json!({"type": "tool", "name": n})),
+                ],
+                any::<bool>(),
+            )),
+            1u64..200_000,
+            prop::option::of(proptest::collection::vec(text(6), 0..5)),
+            any::<bool>(),
+        )
+            .prop_map(|(system, mut turns, last, tools, choice, max_tokens, stop, stream)| {
+                turns.push(json!({"role": "user", "content": [{"type": "text", "text": last}]}));
+                let mut req = json!({"model": "caller-model", "messages": turns, "max_tokens": max_tokens});
+                if let Some(s) = system {
+                    req["system"] = s;
+                }
+                if !tools.is_empty() {
+                    req["tools"] = Value::Array(tools);
+                }
+                if let Some((mut c, serial)) = choice {
+                    if serial {
+                        c["disable_parallel_tool_use"] = true.into();
+                    }
+                    req["tool_choice"] = c;
+                }
+                if let Some(s) = stop.filter(|s| s.len() <= 4) {
+                    req["stop_sequences"] = s.into();
+                }
+                if stream {
+                    req["stream"] = true.into();
+                }
+                req
+            })
+    }
+
+    fn bytes_of(v: &Value) -> Vec<u8> {
+        serde_json::to_vec(v).expect("json")
+    }
+
+    fn parsed(b: &[u8]) -> Value {
+        serde_json::from_slice(b).expect("a translator writes JSON")
+    }
+
+    // === arbitrary bodies ===
+
+    /// The words both dialects are made of, so arbitrary JSON reaches past the first check.
+    const WORDS: [&str; 44] = [
+        "model",
+        "messages",
+        "role",
+        "content",
+        "type",
+        "text",
+        "tool_calls",
+        "id",
+        "function",
+        "name",
+        "arguments",
+        "tool_call_id",
+        "system",
+        "tools",
+        "tool_choice",
+        "max_tokens",
+        "stream",
+        "choices",
+        "delta",
+        "message",
+        "finish_reason",
+        "usage",
+        "stop_reason",
+        "input",
+        "tool_use",
+        "tool_result",
+        "tool_use_id",
+        "image_url",
+        "url",
+        "source",
+        "data",
+        "media_type",
+        "index",
+        "content_block",
+        "user",
+        "assistant",
+        "tool",
+        "image",
+        "base64",
+        "thinking",
+        "signature",
+        "error",
+        "input_tokens",
+        "message_start",
+    ];
+
+    fn word_json() -> impl Strategy<Value = Value> {
+        let word = proptest::sample::select(&WORDS[..]).prop_map(str::to_string);
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            prop_oneof![
+                any::<i64>().prop_map(|n| json!(n)),
+                any::<f64>().prop_map(|f| json!(f)),
+                (0u64..5).prop_map(|n| json!(n))
+            ],
+            word.clone().prop_map(Value::String),
+            text(8).prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 5, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                proptest::collection::vec((word.clone(), inner), 0..5)
+                    .prop_map(|m| Value::Object(m.into_iter().collect::<Map<_, _>>())),
+            ]
+        })
+    }
+
+    /// `v` with its `n`th node (in a walk of the tree, modulo its size) replaced by `with`.
+    fn mutate(v: &mut Value, n: usize, with: Value) {
+        fn size(v: &Value) -> usize {
+            1 + match v {
+                Value::Array(l) => l.iter().map(size).sum(),
+                Value::Object(m) => m.values().map(size).sum(),
+                _ => 0,
+            }
+        }
+        fn walk(v: &mut Value, n: &mut usize, with: &mut Option<Value>) {
+            if *n == 0 {
+                if let Some(w) = with.take() {
+                    *v = w;
+                }
+                return;
+            }
+            *n -= 1;
+            match v {
+                Value::Array(l) => l.iter_mut().for_each(|c| walk(c, n, with)),
+                Value::Object(m) => m.values_mut().for_each(|c| walk(c, n, with)),
+                _ => {}
+            }
+        }
+        let mut n = n % size(v);
+        walk(v, &mut n, &mut Some(with));
+    }
+
+    /// Every translator and reader of a body, on `body`: none may panic.
+    fn translate_everything(body: &[u8]) {
+        let _ = chat_request_to_messages(body, &TO_MESSAGES);
+        let _ = messages_request_to_chat(body, &TO_CHAT);
+        let _ = chat_response_to_messages(body, "caller-model");
+        let _ = messages_response_to_chat(body, "caller-model");
+        let _ = anthropic_error_to_openai(429, body);
+        let _ = openai_error_to_anthropic(500, body);
+        for surface in [
+            Surface::ChatCompletions,
+            Surface::Completions,
+            Surface::Responses,
+            Surface::Embeddings,
+            Surface::Messages,
+            Surface::CountTokens,
+        ] {
+            let _ = CallerRequest::parse(surface, Bytes::copy_from_slice(body));
+        }
+    }
+
+    /// `events` as the two stream converters read them, cut at `cut`: none may panic.
+    fn stream_everything(stream: &[u8], cut: usize) {
+        let cut = cut % (stream.len() + 1);
+        let mut out = BytesMut::new();
+        let mut a = MessagesStreamToChat::new("caller-model", true);
+        let mut b = ChatStreamToMessages::new("caller-model", true);
+        for part in [&stream[..cut], &stream[cut..]] {
+            let _ = a.feed(part, &mut out);
+            let _ = b.feed(part, &mut out);
+        }
+        a.finish(&mut out);
+        b.finish(&mut out);
+    }
+
+    proptest! {
+        #![proptest_config(config(256))]
+
+        #[test]
+        fn chat_to_messages_and_back_keeps_messages_tools_and_results(req in chat_request()) {
+            let want = chat_normal(&req);
+            let messages = chat_request_to_messages(&bytes_of(&req), &TO_MESSAGES)
+                .map_err(|e| TestCaseError::fail(format!("toward messages: {e}")))?;
+            let messages: Value = parsed(&messages);
+            prop_assert_eq!(&messages_normal(&messages), &want, "toward messages: {}", messages);
+            let back = messages_request_to_chat(&bytes_of(&messages), &TO_CHAT)
+                .map_err(|e| TestCaseError::fail(format!("back toward chat: {e}")))?;
+            let back: Value = parsed(&back);
+            prop_assert_eq!(&chat_normal(&back), &want, "back: {}", back);
+        }
+
+        #[test]
+        fn messages_to_chat_and_back_keeps_messages_tools_and_results(req in messages_request()) {
+            let want = messages_normal(&req);
+            let chat = messages_request_to_chat(&bytes_of(&req), &TO_CHAT)
+                .map_err(|e| TestCaseError::fail(format!("toward chat: {e}")))?;
+            let chat: Value = parsed(&chat);
+            prop_assert_eq!(&chat_normal(&chat), &want, "toward chat: {}", chat);
+            let back = chat_request_to_messages(&bytes_of(&chat), &TO_MESSAGES)
+                .map_err(|e| TestCaseError::fail(format!("back toward messages: {e}")))?;
+            let back: Value = parsed(&back);
+            prop_assert_eq!(&messages_normal(&back), &want, "back: {}", back);
+        }
+
+        #[test]
+        fn an_edited_request_is_translated_or_refused_without_a_panic(
+            req in prop_oneof![chat_request(), messages_request()],
+            edits in proptest::collection::vec((any::<usize>(), word_json()), 1..4),
+        ) {
+            let mut req = req;
+            for (n, with) in edits {
+                mutate(&mut req, n, with);
+            }
+            translate_everything(&bytes_of(&req));
+        }
+
+        #[test]
+        fn any_json_is_translated_or_refused_without_a_panic(body in word_json()) {
+            translate_everything(&bytes_of(&body));
+        }
+
+        #[test]
+        fn any_bytes_are_translated_or_refused_without_a_panic(body in proptest::collection::vec(any::<u8>(), 0..128)) {
+            translate_everything(&body);
+        }
+
+        #[test]
+        fn any_stream_of_json_events_is_converted_without_a_panic(
+            events in proptest::collection::vec((prop::option::of(proptest::sample::select(&WORDS[..])), word_json()), 0..8),
+            cut in any::<usize>(),
+        ) {
+            let mut stream = Vec::new();
+            for (event, data) in events {
+                if let Some(e) = event {
+                    stream.extend_from_slice(format!("event: {e}\n").as_bytes());
+                }
+                stream.extend_from_slice(b"data: ");
+                stream.extend_from_slice(&bytes_of(&data));
+                stream.extend_from_slice(b"\n\n");
+            }
+            stream_everything(&stream, cut);
+        }
+    }
+}

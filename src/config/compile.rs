@@ -23,7 +23,7 @@ const FAMILIES: &str = "params, metadata, key, budget";
 const OPERATORS: &str = "$eq, $ne, $gt, $gte, $lt, $lte, $in, $nin, $regex";
 
 /// Compile the condition `raw` found at `path`; `None` (with errors pushed) when it is refused.
-pub(super) fn compile_condition(
+pub fn compile_condition(
     raw: &Value,
     path: &str,
     errs: &mut Vec<ConfigError>,

@@ -15,7 +15,9 @@
 //!   `compile` turns a condition as written into it;
 //! - [`validate`]: the checks, one file per section, and [`validate::validate`].
 
-mod compile;
+// Public for the property tests (`tests/props.rs`): the condition compiler on any input.
+#[doc(hidden)]
+pub mod compile;
 pub mod condition;
 pub mod defaults;
 pub mod schema;
@@ -103,6 +105,16 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
 
 /// Parse and validate config text.
 pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
+    let max = text.len() + ALIASED_VALUES;
+    if expands_past(text, max) {
+        return Err(ConfigErrors(vec![ConfigError::new(
+            "",
+            format!(
+                "the config stands for more than {max} values, its length plus {ALIASED_VALUES} \
+                 (YAML aliases repeat what their anchor holds)"
+            ),
+        )]));
+    }
     let de = serde_yaml::Deserializer::from_str(text);
     let file: schema::ConfigFile = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
@@ -111,6 +123,89 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
         ConfigErrors(vec![ConfigError::new(path, message)])
     })?;
     validate::validate(file)
+}
+
+/// How many more values (scalars, lists, maps) than its length in bytes a config may stand
+/// for once its YAML aliases are replayed. Text without aliases holds at most one value per two
+/// bytes (`-\n`, `a,`), so only aliases reach the bound. serde_yaml bounds alias jumps (100 per
+/// event), not what each jump replays: 8 KiB of `a0: &a0 [x, x, …]` and `a1: [*a0, *a0, …]`
+/// stood for a million values and took seconds to load (`tests/props.rs`); refused now after
+/// 24,000, so a load takes time in proportion to the text.
+const ALIASED_VALUES: usize = 1 << 14;
+
+/// Whether `text`, its aliases replayed, holds more than `max` values: one pass of serde_yaml
+/// that counts instead of building, and stops at the bound. Any other error is left to the
+/// real parse, which names its path.
+fn expands_past(text: &str, max: usize) -> bool {
+    use serde::de::{self, DeserializeSeed, Deserializer, EnumAccess, VariantAccess, Visitor};
+
+    /// The values left before the bound; a visit spends one.
+    struct Budget<'a>(&'a mut usize);
+
+    impl Budget<'_> {
+        fn spend<E: de::Error>(&mut self) -> Result<(), E> {
+            *self.0 = self
+                .0
+                .checked_sub(1)
+                .ok_or_else(|| E::custom("past the bound"))?;
+            Ok(())
+        }
+    }
+
+    impl<'de> DeserializeSeed<'de> for Budget<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    macro_rules! leaf {
+        ($($visit:ident: $t:ty),*) => {$(
+            fn $visit<E: de::Error>(mut self, _: $t) -> Result<(), E> {
+                self.spend()
+            }
+        )*};
+    }
+
+    impl<'de> Visitor<'de> for Budget<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("any YAML value")
+        }
+        leaf!(visit_bool: bool, visit_i64: i64, visit_u64: u64, visit_i128: i128,
+              visit_u128: u128, visit_f64: f64, visit_str: &str, visit_bytes: &[u8]);
+        fn visit_unit<E: de::Error>(mut self) -> Result<(), E> {
+            self.spend()
+        }
+        fn visit_none<E: de::Error>(mut self) -> Result<(), E> {
+            self.spend()
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)
+        }
+        fn visit_seq<A: de::SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+            self.spend()?;
+            while seq.next_element_seed(Budget(&mut *self.0))?.is_some() {}
+            Ok(())
+        }
+        fn visit_map<A: de::MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
+            self.spend()?;
+            while map.next_key_seed(Budget(&mut *self.0))?.is_some() {
+                map.next_value_seed(Budget(&mut *self.0))?;
+            }
+            Ok(())
+        }
+        fn visit_enum<A: EnumAccess<'de>>(mut self, data: A) -> Result<(), A::Error> {
+            // A tagged value (`!tag x`): the tag, then what it tags.
+            self.spend()?;
+            let ((), contents) = data.variant_seed(Budget(&mut *self.0))?;
+            contents.newtype_variant_seed(Budget(self.0))
+        }
+    }
+
+    let mut left = max;
+    let counted = Budget(&mut left).deserialize(serde_yaml::Deserializer::from_str(text));
+    counted.is_err() && left == 0
 }
 
 /// serde_yaml prefixes its messages with its own (coarser) path; ours is already in front.

@@ -84,8 +84,10 @@ pub fn exhausted_for(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
         .map(|d| d.min(MAX_PAUSE))
 }
 
-/// A Go duration as OpenAI writes resets: `1s`, `6m0s`, `20ms`, `1h2m3.5s`.
-fn parse_go_duration(s: &str) -> Option<Duration> {
+/// A Go duration as OpenAI writes resets: `1s`, `6m0s`, `20ms`, `1h2m3.5s`. (Public for the
+/// property tests.)
+#[doc(hidden)]
+pub fn parse_go_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     if s.is_empty() {
         return None;
@@ -113,7 +115,10 @@ fn parse_go_duration(s: &str) -> Option<Duration> {
         total += value * unit;
         rest = &rest[unit_end..];
     }
-    (total.is_finite() && total >= 0.0).then(|| Duration::from_secs_f64(total))
+    // Past what a `Duration` holds (`20000000000000000000000h`) is as long as it gets: the
+    // caller caps it.
+    (total.is_finite() && total >= 0.0)
+        .then(|| Duration::try_from_secs_f64(total).unwrap_or(Duration::MAX))
 }
 
 #[cfg(test)]

@@ -79,7 +79,9 @@
 mod error;
 mod request;
 mod response;
-mod sse;
+// Public for the property tests (`tests/props.rs`), which compare it with another SSE parser.
+#[doc(hidden)]
+pub mod sse;
 mod stream;
 
 pub use error::{

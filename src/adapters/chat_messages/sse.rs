@@ -6,7 +6,11 @@
 //! both, so a provider cannot make a stream hold unbounded memory. It follows the SSE rules
 //! the two dialects use: `data:` lines of one event are joined with `\n`, a line starting
 //! with `:` is a comment, `event:`/`id:`/`retry:` are read past (both dialects repeat the
-//! event's type inside its JSON), lines end with `\n` or `\r\n`.
+//! event's type inside its JSON), lines end with `\n`, `\r\n` or a lone `\r` (a `\r` that ends
+//! a chunk leaves the next chunk's leading `\n`, if any, to be skipped). `tests/props.rs`
+//! checks it against `sse-stream`, which follows the WHATWG rules, on streams cut at every
+//! byte; one difference is deliberate: an event left open when the input ends is handed on by
+//! [`SseReader::finish`] (the rules drop it).
 
 use super::BadUpstream;
 
@@ -15,7 +19,7 @@ pub(super) const MAX_EVENT_BYTES: usize = 16 << 20;
 
 /// One complete item of the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum SseEvent<'a> {
+pub enum SseEvent<'a> {
     /// An event's data (its `data:` lines joined).
     Data(&'a [u8]),
     /// A comment line (`: keep-alive`).
@@ -23,26 +27,41 @@ pub(super) enum SseEvent<'a> {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct SseReader {
-    /// The line not yet ended by `\n`.
+pub struct SseReader {
+    /// The line not yet ended.
     line: Vec<u8>,
     /// The data of the event being read.
     data: Vec<u8>,
     /// A `data:` line was read for this event (the data may still be empty).
     has_data: bool,
+    /// The last chunk ended with the `\r` that ended a line: a `\n` starting the next one
+    /// belongs to it.
+    after_cr: bool,
 }
 
 const TOO_LARGE: BadUpstream = BadUpstream::Malformed("an event over 16 MiB");
 
 impl SseReader {
     /// Read `chunk`, handing each complete event to `on_event` as soon as it ends.
-    pub(super) fn feed<F>(&mut self, mut chunk: &[u8], on_event: &mut F) -> Result<(), BadUpstream>
+    pub fn feed<F>(&mut self, mut chunk: &[u8], on_event: &mut F) -> Result<(), BadUpstream>
     where
         F: FnMut(SseEvent<'_>) -> Result<(), BadUpstream>,
     {
-        while let Some(nl) = memchr::memchr(b'\n', chunk) {
-            let line = &chunk[..nl];
-            chunk = &chunk[nl + 1..];
+        if self.after_cr && !chunk.is_empty() {
+            self.after_cr = false;
+            chunk = chunk.strip_prefix(b"\n").unwrap_or(chunk);
+        }
+        while let Some(end) = memchr::memchr2(b'\n', b'\r', chunk) {
+            let line = &chunk[..end];
+            let cr = chunk[end] == b'\r';
+            chunk = &chunk[end + 1..];
+            if cr {
+                match chunk.first() {
+                    Some(b'\n') => chunk = &chunk[1..],
+                    Some(_) => {}
+                    None => self.after_cr = true,
+                }
+            }
             if self.line.is_empty() {
                 // The common case: the whole line is in this chunk, no copy.
                 self.line_done(line, on_event)?;
@@ -65,10 +84,11 @@ impl SseReader {
 
     /// The input ended: a last line without its `\n` and an event without its blank line
     /// are complete now.
-    pub(super) fn finish<F>(&mut self, on_event: &mut F) -> Result<(), BadUpstream>
+    pub fn finish<F>(&mut self, on_event: &mut F) -> Result<(), BadUpstream>
     where
         F: FnMut(SseEvent<'_>) -> Result<(), BadUpstream>,
     {
+        self.after_cr = false;
         let line = std::mem::take(&mut self.line);
         if !line.is_empty() {
             self.line_done(&line, on_event)?;
@@ -80,7 +100,6 @@ impl SseReader {
     where
         F: FnMut(SseEvent<'_>) -> Result<(), BadUpstream>,
     {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.is_empty() {
             if !self.has_data {
                 return Ok(());

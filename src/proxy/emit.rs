@@ -26,7 +26,18 @@ pub fn emit(ctx: &mut RequestCtx, e: Option<&Error>, metrics: &Metrics, ledger: 
     if ctx.in_flight {
         metrics.in_flight.dec();
     }
-    count(ctx, cost);
+    match ctx
+        .local_error
+        .as_ref()
+        .filter(|e| e.code.is_http_refusal())
+    {
+        // HTTP signalbox will not read is no request: counted on its own, never as a 5xx.
+        Some(e) => metrics
+            .http_refusals
+            .with_label_values(&[e.code.as_str()])
+            .inc(),
+        None => count(ctx, cost),
+    }
     if let Some(ledger) = ledger {
         record(ctx, cost, ledger);
     }

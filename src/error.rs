@@ -38,6 +38,16 @@ pub enum ErrorCode {
     /// waiting cannot help.
     TokensExceedLimit,
     HeadersTooLarge,
+    /// The request is not HTTP signalbox can read: a malformed head, ambiguous framing, a
+    /// broken chunked body (the edge, `crate::edge`).
+    InvalidHttp,
+    /// The request target is longer than the edge reads.
+    UriTooLong,
+    /// A transfer coding other than `chunked` (RFC 9112 §6.1: 501).
+    UnsupportedTransferCoding,
+    /// The request's head or body did not arrive within `limits.header_timeout` /
+    /// `limits.body_timeout`.
+    RequestTimeout,
     NoProviderAvailable,
     RateLimited,
     ProviderNotConfigured,
@@ -72,6 +82,10 @@ impl ErrorCode {
             ErrorCode::RequestTooLarge => "request_too_large",
             ErrorCode::TokensExceedLimit => "tokens_exceed_limit",
             ErrorCode::HeadersTooLarge => "request_headers_too_large",
+            ErrorCode::InvalidHttp => "invalid_http",
+            ErrorCode::UriTooLong => "uri_too_long",
+            ErrorCode::UnsupportedTransferCoding => "unsupported_transfer_coding",
+            ErrorCode::RequestTimeout => "request_timeout",
             ErrorCode::NoProviderAvailable => "no_provider_available",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::ProviderNotConfigured => "provider_not_configured",
@@ -98,11 +112,14 @@ impl ErrorCode {
             | ErrorCode::AllCandidatesRejected
             | ErrorCode::ContextLengthExceeded
             | ErrorCode::UnsupportedParameter
-            | ErrorCode::EndpointNotSupported => 400,
+            | ErrorCode::EndpointNotSupported
+            | ErrorCode::InvalidHttp => 400,
             ErrorCode::InvalidApiKey => 401,
             ErrorCode::ModelNotAllowed => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::RequestTimeout => 408,
+            ErrorCode::UriTooLong => 414,
             ErrorCode::RequestTooLarge | ErrorCode::TokensExceedLimit => 413,
             ErrorCode::HeadersTooLarge => 431,
             ErrorCode::RateLimited | ErrorCode::BudgetExceeded => 429,
@@ -111,11 +128,25 @@ impl ErrorCode {
             ErrorCode::NoProviderAvailable => 503,
             ErrorCode::UpstreamTimeout => 504,
             ErrorCode::Internal => 500,
+            ErrorCode::UnsupportedTransferCoding => 501,
         }
+    }
+
+    /// Whether the caller's HTTP itself was refused (its head, framing or pace): such an
+    /// answer is counted in `http_refusals_total`, not as a request, so a 501 for a transfer
+    /// coding is never a 5xx.
+    pub fn is_http_refusal(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::InvalidHttp | ErrorCode::UriTooLong | ErrorCode::UnsupportedTransferCoding
+        )
     }
 
     /// The OpenAI `type` field.
     pub fn error_type(self) -> &'static str {
+        if self == ErrorCode::UnsupportedTransferCoding {
+            return "invalid_request_error";
+        }
         match self.status() {
             429 => "rate_limit_error",
             400..=499 => "invalid_request_error",
@@ -184,6 +215,7 @@ impl GatewayError {
             "error": {
                 "message": self.message,
                 "type": self.code.error_type(),
+                "param": null,
                 "code": self.code.as_str(),
                 "skipped": skipped,
             }
@@ -192,10 +224,10 @@ impl GatewayError {
     }
 }
 
-/// `{"error":{"message":…,"type":…,"code":…}}`.
+/// `{"error":{"message":…,"type":…,"param":null,"code":…}}`.
 pub fn error_json(message: &str, error_type: &str, code: &str) -> Bytes {
     let v = serde_json::json!({
-        "error": { "message": message, "type": error_type, "code": code }
+        "error": { "message": message, "type": error_type, "param": null, "code": code }
     });
     Bytes::from(v.to_string())
 }

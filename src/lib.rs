@@ -57,6 +57,7 @@ pub mod attempt;
 pub mod catalog;
 pub mod config;
 pub mod dns;
+pub mod edge;
 pub mod error;
 pub mod glob;
 pub mod health;

@@ -14,6 +14,7 @@ use crate::admin::AdminApp;
 use crate::catalog::{read_key_from_env_or_file, resolve_blocking, Catalog, CatalogWarning};
 use crate::config::{BudgetPeriod, Config, LedgerStore};
 use crate::dns::{DnsRefresher, REFRESH_INTERVAL};
+use crate::edge::EdgeApp;
 use crate::error::StartupError;
 use crate::health::clock::{Clock, SystemClock};
 use crate::health::probe::{HealthSource, ProbeService, Prober};
@@ -374,7 +375,7 @@ pub fn build_server(
     let hold_connector = Arc::new(Connector::new(Some(ConnectorOptions::from_server_conf(
         &server.configuration,
     ))));
-    let mut proxy = pingora_proxy::http_proxy_service_with_name(
+    let mut proxy = pingora_proxy::http_proxy(
         &server.configuration,
         Gateway::new(
             state.router.clone(),
@@ -383,7 +384,23 @@ pub fn build_server(
             accounts.ledger.clone(),
             accounts.shared.clone(),
         ),
-        "signalbox proxy",
+    );
+    // Cleartext HTTP/2: Pingora peeks for the HTTP/2 preface on each plaintext connection
+    // and serves HTTP/1.1 when it is absent (on TLS it follows ALPN instead).
+    if config.listen.h2c {
+        let mut options = HttpServerOptions::default();
+        options.h2c = true;
+        proxy.server_options = Some(options);
+    }
+    // The edge owns each connection around Pingora's proxy (deadlines, refusals in
+    // signalbox's words, keep-alive and pipelining): `crate::edge`.
+    let mut proxy = Service::new(
+        "signalbox proxy".to_string(),
+        EdgeApp::new(
+            proxy,
+            state.router.clone(),
+            state.metrics.http_refusals.clone(),
+        ),
     );
     match &config.listen.proxy_tls {
         // Downstream reads go straight into Pingora's own header and body buffers: the default
@@ -410,16 +427,6 @@ pub fn build_server(
             );
         }
     }
-    // Cleartext HTTP/2: Pingora peeks for the HTTP/2 preface on each plaintext connection
-    // and serves HTTP/1.1 when it is absent (on TLS it follows ALPN instead).
-    if config.listen.h2c {
-        if let Some(app) = proxy.app_logic_mut() {
-            let mut options = HttpServerOptions::default();
-            options.h2c = true;
-            app.server_options = Some(options);
-        }
-    }
-
     let mut admin = Service::new(
         "signalbox admin".to_string(),
         AdminApp::new(

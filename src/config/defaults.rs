@@ -63,6 +63,13 @@ pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_REQUEST_BODY: u64 = 16 * 1024 * 1024;
 /// `limits.max_request_headers`: 64KiB.
 pub const MAX_REQUEST_HEADERS: u64 = 64 * 1024;
+/// `limits.header_timeout`: the whole request head, from the connection's accept (or, on a
+/// kept-alive connection, from the next request's first byte).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// `limits.body_timeout`: the whole request body, from the end of its head.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// `limits.idle_timeout`: a kept-alive connection's wait for its next request.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 // === health ===
 
@@ -148,6 +155,9 @@ mod tests {
             FIRST_CHUNK_HOLD,
             STREAM_IDLE_TIMEOUT,
             CONNECT_TIMEOUT,
+            HEADER_TIMEOUT,
+            BODY_TIMEOUT,
+            IDLE_TIMEOUT,
             COOLDOWN,
             MAX_EJECTION,
             PROBE_INTERVAL,

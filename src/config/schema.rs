@@ -394,6 +394,12 @@ pub struct LimitsSection {
     pub max_request_body: SizeValue,
     #[serde(default = "default_max_request_headers")]
     pub max_request_headers: SizeValue,
+    #[serde(default = "default_header_timeout")]
+    pub header_timeout: String,
+    #[serde(default = "default_body_timeout")]
+    pub body_timeout: String,
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout: String,
 }
 
 impl Default for LimitsSection {
@@ -401,6 +407,9 @@ impl Default for LimitsSection {
         Self {
             max_request_body: default_max_request_body(),
             max_request_headers: default_max_request_headers(),
+            header_timeout: default_header_timeout(),
+            body_timeout: default_body_timeout(),
+            idle_timeout: default_idle_timeout(),
         }
     }
 }
@@ -739,6 +748,15 @@ pub fn default_max_request_body() -> SizeValue {
 }
 pub fn default_max_request_headers() -> SizeValue {
     SizeValue::Bytes(defaults::MAX_REQUEST_HEADERS)
+}
+pub fn default_header_timeout() -> String {
+    defaults::duration_text(defaults::HEADER_TIMEOUT)
+}
+pub fn default_body_timeout() -> String {
+    defaults::duration_text(defaults::BODY_TIMEOUT)
+}
+pub fn default_idle_timeout() -> String {
+    defaults::duration_text(defaults::IDLE_TIMEOUT)
 }
 
 pub fn default_failure_threshold() -> u32 {

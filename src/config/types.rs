@@ -471,6 +471,12 @@ pub struct Failover {
 pub struct Limits {
     pub max_request_body: usize,
     pub max_request_headers: usize,
+    /// The whole request head (a total, not a gap between reads).
+    pub header_timeout: Duration,
+    /// The whole request body (a total).
+    pub body_timeout: Duration,
+    /// A kept-alive connection's wait for the first byte of its next request.
+    pub idle_timeout: Duration,
 }
 
 /// The admin API's tokens (`admin`): the environment variables that hold them. With neither,

@@ -20,6 +20,9 @@
 //! - `requests_in_flight`: requests being handled.
 //! - `config_generation`: the routing snapshot generation serving traffic.
 //! - `config_reloads_total{result}`: config changes applied (`ok`) or refused (`rejected`).
+//! - `http_refusals_total{code}`: requests refused as HTTP signalbox will not read (a bad
+//!   head, framing or transfer coding: `code` is the answer's error code; `none` when the
+//!   connection closed without one). Not requests: they are never in `requests_total`.
 //! - `rule_matches_total{rule}`: requests a conditional rule sent (`rule:<n>`).
 //! - `policy_selections_total{policy, entry}`: the `select` entry that held (`none`: no entry
 //!   held and the policy's `on_failure` models served).
@@ -56,6 +59,17 @@ use prometheus::proto::{Counter, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Registry};
 
 use crate::attempt::Outcome;
+
+/// The `code` labels of `http_refusals_total`.
+pub const HTTP_REFUSAL_CODES: [&str; 7] = [
+    "invalid_http",
+    "request_headers_too_large",
+    "uri_too_long",
+    "unsupported_transfer_coding",
+    "request_timeout",
+    "method_not_allowed",
+    "none",
+];
 
 /// Status classes of `requests_total{status_class}`; `none` when no response was written.
 pub const STATUS_CLASSES: [&str; 6] = ["none", "1xx", "2xx", "3xx", "4xx", "5xx"];
@@ -317,6 +331,9 @@ pub struct Metrics {
     pub config_generation: IntGauge,
     /// `result` = `ok` | `rejected`. Not on the request path (a labelled vector is fine here).
     pub config_reloads: IntCounterVec,
+    /// `code` = one of [`HTTP_REFUSAL_CODES`]. Counted only when a request is refused (never
+    /// on an admitted request's path).
+    pub http_refusals: IntCounterVec,
     /// Probe results, counted by the prober and exported with the health families.
     pub probes: Arc<crate::health::probe::ProbeCounters>,
 }
@@ -433,6 +450,14 @@ impl Metrics {
         config_reloads.with_label_values(&["ok"]);
         config_reloads.with_label_values(&["rejected"]);
         registry.register(Box::new(config_reloads.clone()))?;
+        let http_refusals = IntCounterVec::new(
+            prometheus::Opts::new(
+                "signalbox_http_refusals_total",
+                "Requests refused as HTTP signalbox will not read, by the answer's error code.",
+            ),
+            &["code"],
+        )?;
+        registry.register(Box::new(http_refusals.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -450,6 +475,7 @@ impl Metrics {
             in_flight,
             config_generation,
             config_reloads,
+            http_refusals,
             probes: Arc::default(),
         })
     }

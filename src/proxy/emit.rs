@@ -47,7 +47,18 @@ pub fn emit(
         metrics.in_flight.dec();
     }
     let status = wire.written.unwrap_or(CANCELLED_STATUS);
-    count(ctx, cost, status);
+    match ctx
+        .local_error
+        .as_ref()
+        .filter(|e| e.code.is_http_refusal())
+    {
+        // HTTP signalbox will not read is no request: counted on its own, never as a 5xx.
+        Some(e) => metrics
+            .http_refusals
+            .with_label_values(&[e.code.as_str()])
+            .inc(),
+        None => count(ctx, cost, status),
+    }
     if let Some(ledger) = ledger {
         record(ctx, cost, ledger);
     }

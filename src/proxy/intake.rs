@@ -40,6 +40,11 @@ pub async fn admit(
     // The dialect of any answer, refusals included: the endpoint's, or for the model list the
     // Anthropic SDK's (it always sends its API version).
     ctx.surface = Surface::from_path(req.uri.path()).unwrap_or_default();
+    if let Err(refusal) = crate::edge::check_head(req) {
+        session.set_keepalive(None);
+        respond::write_error(session, ctx, refusal).await?;
+        return Ok(true);
+    }
     if req.method == Method::GET && matches!(req.uri.path(), "/v1/models" | "/models") {
         let dialect = if req.headers.contains_key("anthropic-version") {
             ctx.surface = Surface::Messages;
@@ -190,10 +195,20 @@ async fn read_request(
     if expects_continue {
         session.as_mut().write_continue_response().await?;
     }
-    let body = match body::read_whole_body(session, framing, limit).await {
-        Ok(b) => b,
-        Err(BodyError::TooLarge) => return Ok(Err(too_large(session))),
-        Err(BodyError::Read(e)) => return Err(e),
+    // The whole body within `limits.body_timeout` (Pingora's own timeout is per read).
+    let timeout = snapshot.limits.body_timeout;
+    let read = tokio::time::timeout(timeout, body::read_whole_body(session, framing, limit));
+    let body = match read.await {
+        Ok(Ok(b)) => b,
+        Ok(Err(BodyError::TooLarge)) => return Ok(Err(too_large(session))),
+        Ok(Err(BodyError::Read(e))) => {
+            session.set_keepalive(None);
+            return crate::edge::body_refusal(e, timeout).map(Err);
+        }
+        Err(_) => {
+            session.set_keepalive(None);
+            return Ok(Err(crate::edge::body_timeout(timeout)));
+        }
     };
     let own_replay = body.own_replay;
     Ok(CallerRequest::parse(surface, body.bytes)

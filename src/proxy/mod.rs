@@ -2,6 +2,7 @@
 //! concern, in the order a request flows through them.
 //!
 //! ```text
+//! early_request_filter     edge      Pingora accepted the head: the edge lets it through
 //! request_filter           intake    read + bound the body, scan it once; planning: resolve
 //!                                    the model, build the plan from the request's snapshot,
 //!                                    fix its attempt rules, take the first target (or
@@ -103,6 +104,15 @@ impl ProxyHttp for Gateway {
     fn new_ctx(&self) -> Self::CTX {
         // The one snapshot load of the request: kept for its whole life.
         Box::new(RequestCtx::new(self.runtime.snapshot.load_full()))
+    }
+
+    async fn early_request_filter(
+        &self,
+        session: &mut Session,
+        _ctx: &mut Self::CTX,
+    ) -> pingora_error::Result<()> {
+        crate::edge::admit(session);
+        Ok(())
     }
 
     async fn request_filter(

@@ -1,6 +1,6 @@
 //! The bounds on one request: `failover` (attempts, deadline, timeouts, same-target retries
 //! and their backoff)
-//! and `limits` (request body and header sizes).
+//! and `limits` (request body and header sizes, and the deadlines on reading a request).
 
 use crate::config::schema::{FailoverSection, LimitsSection};
 use crate::config::types::{Failover, Limits};
@@ -65,5 +65,8 @@ pub(super) fn validate_limits(l: &LimitsSection, errs: &mut Vec<ConfigError>) ->
     Limits {
         max_request_body: usize::try_from(body.min(BODY_CEILING)).unwrap_or(usize::MAX),
         max_request_headers: usize::try_from(headers).unwrap_or(usize::MAX),
+        header_timeout: positive_duration(&l.header_timeout, "limits.header_timeout", errs),
+        body_timeout: positive_duration(&l.body_timeout, "limits.body_timeout", errs),
+        idle_timeout: positive_duration(&l.idle_timeout, "limits.idle_timeout", errs),
     }
 }

@@ -244,6 +244,26 @@ async fn every_access_line_names_the_method_and_path_and_the_status_the_caller_g
     let line = line_of(&gw, "obs-broken-1").await;
     assert_eq!(line["status"], 200, "{line}");
     assert_eq!(line["stream_broken"], true, "{line}");
+
+    // The same on Pingora's own loop (no first-chunk hold).
+    let fast = start(
+        &a,
+        &b,
+        "log: { format: json }\nfailover: { first_chunk_hold: 0 }\n",
+    );
+    let r = client()
+        .post(fast.url("/v1/chat/completions"))
+        .header("x-request-id", "obs-broken-2")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (text, _) = read_all(r).await;
+    assert!(text.contains("error"), "{text}");
+    let line = line_of(&fast, "obs-broken-2").await;
+    assert_eq!(line["status"], 200, "{line}");
+    assert_eq!(line["stream_broken"], true, "{line}");
 }
 
 // === the dashboard and the alert rules against /metrics ===

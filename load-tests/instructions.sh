@@ -4,6 +4,12 @@
 #
 #   load-tests/instructions.sh [BIN_DIR]    # default target/release (signalbox, signalbox-mock,
 #                                           # examples/plain_pingora)
+#   load-tests/instructions.sh --check [BIN_DIR]
+#                                           # also fail (exit 3) when signalbox ÷ plain Pingora
+#                                           # exceeds the ceiling in load-tests/instructions-ceiling
+#                                           # (the guard against drift .ci/run runs)
+#   SB_KEEP_DIR=/tmp/prof load-tests/instructions.sh
+#                                           # keep the callgrind files there (callgrind_annotate)
 #   SB_EXTRA_CONFIG='ledger: { sqlite: "@TMP@/ledger.db" }' load-tests/instructions.sh
 #                                           # more config for signalbox (@TMP@: the run's temp
 #                                           # dir); SB_SKIP_PINGORA=1: signalbox only
@@ -14,12 +20,17 @@
 # only; every process is stopped at the end. Needs valgrind (callgrind_control), python3, curl.
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
+CHECK=""
+if [ "${1:-}" = "--check" ]; then CHECK=1; shift; fi
 BIN="${1:-$REPO/target/release}"
 N=2000
 EXTRA="${SB_EXTRA_CONFIG:-}"
-W="$(mktemp -d /tmp/sb-instr.XXXXXX)"
+if [ -n "${SB_KEEP_DIR:-}" ]; then W="$SB_KEEP_DIR"; mkdir -p "$W"; else W="$(mktemp -d /tmp/sb-instr.XXXXXX)"; fi
 pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; sleep 0.5; kill -9 "${pids[@]}" 2>/dev/null || true; }
+cleanup() {
+  kill "${pids[@]}" 2>/dev/null || true; sleep 0.5; kill -9 "${pids[@]}" 2>/dev/null || true
+  [ -n "${SB_KEEP_DIR:-}" ] || rm -rf "$W"
+}
 trap cleanup EXIT
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -45,6 +56,7 @@ measure() {
   total=$(grep -h -m1 '^summary:' "$W/$name".*.1 | awk '{print $2}')
   [ "$ok" = "$N" ] || { echo "instructions.sh: $name answered $ok of $N" >&2; exit 1; }
   echo "$name: $((total / N)) instructions per request"
+  eval "PER_${name}=$((total / N))"
 }
 
 MOCK=$(port)
@@ -68,9 +80,23 @@ LT_KEY=sk-upstream RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file=
 pids+=($!)
 measure signalbox "$PROXY"
 
-[ -n "${SB_SKIP_PINGORA:-}" ] && exit 0
+[ -n "${SB_SKIP_PINGORA:-}" ] && [ -z "$CHECK" ] && exit 0
 PLAIN=$(port)
 valgrind --tool=callgrind --callgrind-out-file="$W/pingora.%p" \
   "$BIN/examples/plain_pingora" "127.0.0.1:$PLAIN" "127.0.0.1:$MOCK" 1 > "$W/pingora.log" 2>&1 &
 pids+=($!)
 measure pingora "$PLAIN"
+
+# The ratio, and with --check the guard: the ceiling is a ratio to plain Pingora measured in
+# the same run (absolute counts move a little with the CPU's memcpy variant; the ratio does not).
+ratio=$(python3 -c "print(f'{$PER_signalbox / $PER_pingora:.3f}')")
+echo "signalbox / pingora: ${ratio}x"
+if [ -n "$CHECK" ]; then
+  ceiling=$(grep -v '^#' "$REPO/load-tests/instructions-ceiling" | head -1 | tr -d '[:space:]')
+  if python3 -c "import sys; sys.exit(0 if $ratio <= $ceiling else 1)"; then
+    echo "instructions.sh: ${ratio}x is within the ceiling of ${ceiling}x"
+  else
+    echo "instructions.sh: ${ratio}x plain Pingora exceeds the ceiling of ${ceiling}x (load-tests/instructions-ceiling): find what the request path added (SB_KEEP_DIR + callgrind_annotate), or raise the ceiling with a reason in the commit" >&2
+    exit 3
+  fi
+fi

@@ -27,6 +27,7 @@ const WANT_TOOLS: usize = 6;
 const WANT_FUNCTIONS: usize = 7;
 const WANT_RESPONSE_FORMAT: usize = 8;
 const WANT_STREAM_OPTIONS: usize = 9;
+const WANT_MAX_OUTPUT_TOKENS: usize = 10;
 /// The envelope's members, then the chat dialect's own.
 const REQUEST_KEYS: &[&[u8]] = &[
     COMMON_KEYS[0],
@@ -39,6 +40,8 @@ const REQUEST_KEYS: &[&[u8]] = &[
     b"functions",
     b"response_format",
     b"stream_options",
+    // The Responses API's name for the output bound.
+    b"max_output_tokens",
 ];
 
 /// A chat-completions request body, scanned once.
@@ -47,7 +50,8 @@ pub struct ChatRequest {
     envelope: Envelope,
     pub stream: bool,
     pub routing: Option<RoutingOverride>,
-    /// `max_completion_tokens` or `max_tokens`, when a plain non-negative integer.
+    /// `max_completion_tokens`, `max_tokens` or (Responses) `max_output_tokens`, when a plain
+    /// non-negative integer.
     pub max_tokens: Option<u64>,
     /// What the request needs from a model: a stream (`stream: true`), tools (a non-empty
     /// `tools` or `functions`), vision (an image part in `messages`), JSON mode
@@ -72,7 +76,9 @@ impl ChatRequest {
                 .and_then(|v| std::str::from_utf8(v).ok())
                 .and_then(|v| v.parse::<u64>().ok())
         };
-        let max_tokens = int_of(WANT_MAX_COMPLETION_TOKENS).or_else(|| int_of(WANT_MAX_TOKENS));
+        let max_tokens = int_of(WANT_MAX_COMPLETION_TOKENS)
+            .or_else(|| int_of(WANT_MAX_TOKENS))
+            .or_else(|| int_of(WANT_MAX_OUTPUT_TOKENS));
         let needs = Needs {
             stream,
             tools: [WANT_TOOLS, WANT_FUNCTIONS]
@@ -464,6 +470,7 @@ const RESPONSE_KEYS: &[&[u8]] = &[
     b"response",
 ];
 const MODEL_KEY: &[&[u8]] = &[b"model"];
+const USAGE_KEY: &[&[u8]] = &[b"usage"];
 
 /// Replace the top-level `model` of a JSON object (unchanged if it is not one). With
 /// `fixed_len`, the result is exactly that long: trailing whitespace pads it (see
@@ -546,10 +553,14 @@ fn note_stats(doc: &[u8], scan: &json::Scan, sse: bool, stats: &mut StreamStats)
     // ended by `response.completed` (it sends no `[DONE]`).
     if let Some(t) = scan.get(4) {
         match &doc[t.value.clone()] {
-            b"\"response.completed\"" | b"\"response.incomplete\"" => stats.done = true,
+            b"\"response.completed\"" | b"\"response.incomplete\"" => {
+                stats.done = true;
+                note_response_usage(doc, scan, stats);
+            }
             b"\"response.failed\"" | b"\"error\"" => {
                 stats.upstream_error_event = true;
                 stats.error = Some(inband_error_kind(doc));
+                note_response_usage(doc, scan, stats);
             }
             kind if kind.ends_with(b".delta\"") => {
                 let delta = scan.get(5).map(|d| &doc[d.value.clone()]);
@@ -558,6 +569,23 @@ fn note_stats(doc: &[u8], scan: &json::Scan, sse: bool, stats: &mut StreamStats)
                 }
             }
             _ => {}
+        }
+    }
+}
+
+/// A Responses API stream reports usage once, inside its final event's `response` object
+/// (`response.completed`, `.incomplete`, `.failed`): `{"type": …, "response": {…, "usage": {…}}}`.
+fn note_response_usage(doc: &[u8], scan: &json::Scan, stats: &mut StreamStats) {
+    let Some(response) = scan.get(6).map(|r| r.value.clone()) else {
+        return;
+    };
+    let inner = &doc[response];
+    let Ok(nested) = json::scan_object_lenient(inner, USAGE_KEY) else {
+        return;
+    };
+    if let Some(u) = nested.get(0) {
+        if let Ok(usage) = serde_json::from_slice::<Usage>(&inner[u.value.clone()]) {
+            stats.usage = Some(usage);
         }
     }
 }
@@ -765,6 +793,36 @@ mod tests {
             &r.body_for_upstream(b"\"up\"", true)[..],
             br#"{"stream_options":{"include_usage":true}, "model":"up","stream":true}"#
         );
+    }
+
+    #[test]
+    fn responses_usage_is_read_from_the_body_and_from_the_final_event() {
+        // A whole Responses answer: top-level `usage` in the Responses API's own names.
+        let mut stats = StreamStats::default();
+        let body = Bytes::from_static(
+            br#"{"id":"r","object":"response","model":"up","output":[],"usage":{"input_tokens":11,"output_tokens":7,"total_tokens":18,"input_tokens_details":{"cached_tokens":4}}}"#,
+        );
+        rewrite_json_object(&body, b"\"m\"", None, &mut stats);
+        let u = stats.usage.expect("usage read");
+        assert_eq!(
+            (u.prompt_tokens, u.completion_tokens, u.cache_read_tokens),
+            (11, 7, 4)
+        );
+        // A stream: only the final event carries it, inside its `response`.
+        let done = b"data: {\"type\":\"response.completed\",\"sequence_number\":9,\"response\":{\"id\":\"r\",\"model\":\"up\",\"status\":\"completed\",\"usage\":{\"input_tokens\":20,\"output_tokens\":3,\"total_tokens\":23}}}\n";
+        let mut stats = StreamStats::default();
+        let mut out = BytesMut::new();
+        rewrite_sse_line(done, b"\"m\"", false, &mut stats, &mut out);
+        assert!(stats.done);
+        let u = stats.usage.expect("usage read from the final event");
+        assert_eq!((u.prompt_tokens, u.completion_tokens), (20, 3));
+        // Chat Completions' cached prompt tokens.
+        let mut stats = StreamStats::default();
+        let body = Bytes::from_static(
+            br#"{"model":"up","choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":9,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":8}}}"#,
+        );
+        rewrite_json_object(&body, b"\"m\"", None, &mut stats);
+        assert_eq!(stats.usage.map(|u| u.cache_read_tokens), Some(8));
     }
 
     #[test]

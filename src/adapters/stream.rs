@@ -4,22 +4,52 @@
 
 use serde::Deserialize;
 
-/// Token usage a provider reported. OpenAI names: `prompt_tokens`, `completion_tokens`;
-/// Anthropic's `input_tokens` / `output_tokens` / `cache_read_input_tokens` /
-/// `cache_creation_input_tokens` are mapped here by its adapter.
+/// Token usage a provider reported, in every OpenAI-kind shape: Chat Completions,
+/// completions and embeddings name `prompt_tokens` / `completion_tokens` (with
+/// `prompt_tokens_details.cached_tokens`), the Responses API `input_tokens` / `output_tokens`
+/// (with `input_tokens_details.cached_tokens`). Anthropic's `input_tokens` / `output_tokens` /
+/// `cache_read_input_tokens` / `cache_creation_input_tokens` are mapped here by its adapter.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(from = "WireUsage")]
 pub struct Usage {
-    #[serde(default)]
     pub prompt_tokens: u64,
-    #[serde(default)]
     pub completion_tokens: u64,
     /// Prompt tokens served from the provider's prompt cache (included in `prompt_tokens`
     /// for OpenAI; Anthropic reports them apart and its adapter adds them in).
-    #[serde(skip)]
     pub cache_read_tokens: u64,
     /// Prompt tokens written to the provider's prompt cache (Anthropic).
-    #[serde(skip)]
     pub cache_write_tokens: u64,
+}
+
+/// The usage object as OpenAI-kind providers write it, either API's names.
+#[derive(Deserialize)]
+struct WireUsage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    prompt_tokens_details: Option<WireDetails>,
+    input_tokens_details: Option<WireDetails>,
+}
+
+#[derive(Deserialize)]
+struct WireDetails {
+    cached_tokens: Option<u64>,
+}
+
+impl From<WireUsage> for Usage {
+    fn from(w: WireUsage) -> Self {
+        let cached = w
+            .prompt_tokens_details
+            .or(w.input_tokens_details)
+            .and_then(|d| d.cached_tokens);
+        Usage {
+            prompt_tokens: w.prompt_tokens.or(w.input_tokens).unwrap_or(0),
+            completion_tokens: w.completion_tokens.or(w.output_tokens).unwrap_or(0),
+            cache_read_tokens: cached.unwrap_or(0),
+            cache_write_tokens: 0,
+        }
+    }
 }
 
 /// An error the provider sent inside a stream it had answered 200 (OpenAI: a `data:` event

@@ -528,6 +528,95 @@ async fn the_model_list_speaks_the_callers_dialect() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn one_model_is_retrieved_and_the_list_paged_in_the_callers_dialect() {
+    let a = mock("a").await;
+    let gw = start(format!(
+        "{}aliases:\n  fast: m\nchains:\n  main: [m]\nactive_chain: main\n",
+        one_model(&[("a", "anthropic", &a)], "")
+    ));
+    let get = |path: &str, anthropic: bool| {
+        let mut rb = client().get(gw.url(path)).header("x-api-key", CALLER_KEY);
+        if anthropic {
+            rb = rb.header("anthropic-version", "2023-06-01");
+        }
+        rb.send()
+    };
+    // OpenAI's shape: `models.retrieve`, with a real `created` (unix seconds, not 1970).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let v = json_of(get("/v1/models/fast", false).await.unwrap()).await;
+    assert_eq!(v["id"], "fast", "{v}");
+    assert_eq!(v["object"], "model", "{v}");
+    let created = v["created"].as_u64().unwrap();
+    assert!(created > now - 3600 && created <= now, "{v}");
+    let list = json_of(get("/v1/models", false).await.unwrap()).await;
+    assert!(list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|m| m["created"] == created));
+    // A chain's name, percent-encoded as an SDK may send it.
+    let v = json_of(get("/v1/models/auto%3Amain", false).await.unwrap()).await;
+    assert_eq!(v["id"], "auto:main", "{v}");
+    // Unknown: 404 model_not_found, OpenAI-shaped with `param`.
+    let r = get("/v1/models/nope", false).await.unwrap();
+    assert_eq!(r.status(), 404);
+    let v = json_of(r).await;
+    assert_eq!(v["error"]["code"], "model_not_found", "{v}");
+    assert!(v["error"].get("param").is_some(), "{v}");
+
+    // Anthropic's shape: the object, the 404 with its request id, and pages.
+    let v = json_of(get("/v1/models/m", true).await.unwrap()).await;
+    assert_eq!(
+        (v["type"].as_str(), v["id"].as_str()),
+        (Some("model"), Some("m")),
+        "{v}"
+    );
+    assert!(
+        !v["created_at"].as_str().unwrap().starts_with("1970"),
+        "{v}"
+    );
+    let r = get("/v1/models/nope", true).await.unwrap();
+    assert_eq!(r.status(), 404);
+    let id = header(&r, "request-id").to_string();
+    let v = json_of(r).await;
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "not_found_error", "{v}");
+    assert_eq!(v["request_id"], id, "{v}");
+    let all = json_of(get("/v1/models", true).await.unwrap()).await;
+    let ids: Vec<String> = all["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect();
+    assert!(ids.len() >= 3, "{all}");
+    let first = json_of(get("/v1/models?limit=2", true).await.unwrap()).await;
+    assert_eq!(first["data"].as_array().unwrap().len(), 2, "{first}");
+    assert_eq!(first["has_more"], true, "{first}");
+    let next = format!(
+        "/v1/models?limit=2&after_id={}",
+        first["last_id"].as_str().unwrap()
+    );
+    let second = json_of(get(&next, true).await.unwrap()).await;
+    assert_eq!(
+        second["first_id"].as_str(),
+        Some(ids[2].as_str()),
+        "{second}"
+    );
+    let r = get("/v1/models?limit=0", true).await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(json_of(r).await["error"]["type"], "invalid_request_error");
+    assert_eq!(
+        a.calls() + a.model_list_calls(),
+        0,
+        "answered by signalbox itself"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // 4. /v1/messages/count_tokens
 

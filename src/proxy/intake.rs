@@ -11,13 +11,25 @@ use super::admission::{self, Admission};
 use super::body::{self, BodyError, Framing};
 use super::ctx::RequestCtx;
 use super::{access, driven, planning, respond};
+use crate::adapters::anthropic::Page;
 use crate::adapters::caller::CallerRequest;
-use crate::catalog::surface::{Dialect, Surface};
+use crate::catalog::surface::Surface;
 use crate::error::{ErrorCode, GatewayError};
 use crate::metrics::Metrics;
 use crate::snapshot::{Runtime, Snapshot};
 use crate::state::admit::SharedAdmission;
 use pingora_core::connectors::http::Connector;
+
+/// `/v1/models` (or `/models`) → `""`, `/v1/models/{id}` → the id; `None` for other paths.
+fn models_path(path: &str) -> Option<&str> {
+    let rest = path
+        .strip_prefix("/v1/models")
+        .or_else(|| path.strip_prefix("/models"))?;
+    match rest {
+        "" | "/" => Some(""),
+        r => r.strip_prefix('/').filter(|id| !id.is_empty()),
+    }
+}
 
 /// Admit a request: `Ok(true)` when signalbox answered it itself or served it with its own
 /// driver, `Ok(false)` when a first target is pending for `upstream_peer` (the fast path).
@@ -45,19 +57,42 @@ pub async fn admit(
         respond::write_error(session, ctx, refusal).await?;
         return Ok(true);
     }
-    if req.method == Method::GET && matches!(req.uri.path(), "/v1/models" | "/models") {
-        let dialect = if req.headers.contains_key("anthropic-version") {
-            ctx.surface = Surface::Messages;
-            Dialect::Anthropic
-        } else {
-            Dialect::OpenAi
-        };
+    let models = models_path(req.uri.path());
+    // `/v1/models` is shared by both dialects: an Anthropic SDK says so with its API version,
+    // and every answer under it (refusals too) is in its shape.
+    if models.is_some() && req.headers.contains_key("anthropic-version") {
+        ctx.surface = Surface::Messages;
+    }
+    if let Some(rest) = models.filter(|_| req.method == Method::GET) {
+        let dialect = ctx.surface.dialect();
         if let Err(refusal) = access::authenticate(ctx, &snapshot, &req.headers) {
             respond::write_error(session, ctx, refusal).await?;
             return Ok(true);
         }
-        let body = respond::models_body(&snapshot, dialect, access::key(ctx, &snapshot));
-        respond::write_json(session, ctx, 200, body, None).await?;
+        let ask = match rest {
+            "" => match Page::parse(req.uri.query()) {
+                Ok(page) => Ok(respond::ModelsAsk::List(page)),
+                Err(param) => Err(GatewayError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("`{param}` must be a whole number from 1 to 1000"),
+                )),
+            },
+            id => Ok(respond::ModelsAsk::One(id)),
+        };
+        // An id as the SDKs send it may be percent-encoded (`auto%3Afast`).
+        let decoded;
+        let ask = match ask {
+            Ok(respond::ModelsAsk::One(id)) if id.contains('%') => {
+                decoded = percent_encoding::percent_decode_str(id).decode_utf8_lossy();
+                Ok(respond::ModelsAsk::One(&decoded))
+            }
+            other => other,
+        };
+        let key = access::key(ctx, &snapshot);
+        match ask.and_then(|ask| respond::models_answer(&snapshot, dialect, key, ask)) {
+            Ok(body) => respond::write_json(session, ctx, 200, body, None).await?,
+            Err(err) => respond::write_error(session, ctx, err).await?,
+        }
         return Ok(true);
     }
     let admitted = match check_request_line(session, ctx, &snapshot) {

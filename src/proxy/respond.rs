@@ -10,9 +10,10 @@ use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 
 use super::ctx::{Downstream, RequestCtx};
+use crate::adapters::anthropic::Page;
 use crate::adapters::chat_messages::gateway_error_to_anthropic;
 use crate::catalog::surface::Dialect;
-use crate::error::GatewayError;
+use crate::error::{ErrorCode, GatewayError};
 use crate::keys::ClientKey;
 use crate::routing::decide::{Routed, Via};
 use crate::routing::plan::Plan;
@@ -57,16 +58,53 @@ pub async fn write_error(
 ) -> pingora_error::Result<()> {
     let body = match ctx.surface.dialect() {
         Dialect::OpenAi => err.body(),
-        Dialect::Anthropic => Bytes::from(gateway_error_to_anthropic(err.status, &err.body())),
+        Dialect::Anthropic => {
+            // Anthropic's shape names the request: `{"type":"error","error":{…},"request_id":…}`.
+            let mut v: serde_json::Value =
+                serde_json::from_slice(&gateway_error_to_anthropic(err.status, &err.body()))
+                    .unwrap_or_default();
+            v["request_id"] = serde_json::Value::from(ctx.request_id.to_str().unwrap_or(""));
+            Bytes::from(v.to_string())
+        }
     };
     let (status, retry_after) = (err.status, err.retry_after);
     ctx.local_error = Some(err);
     write_json(session, ctx, status, body, retry_after).await
 }
 
-/// `GET /v1/models`: every caller-facing name, chains as `auto:<name>`, in the caller's
-/// dialect (an Anthropic SDK, which sends `anthropic-version`, gets Anthropic's list shape).
-pub fn models_body(snapshot: &Snapshot, dialect: Dialect, key: Option<&ClientKey>) -> Bytes {
+/// What a `GET` under `/v1/models` asks: the list (Anthropic callers page it), or one name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelsAsk<'q> {
+    List(Page<'q>),
+    One(&'q str),
+}
+
+/// When this process started serving, as unix seconds and RFC 3339: the `created` /
+/// `created_at` of every listed name (a catalog name has no release date; the SDKs need a
+/// real time, and one that does not move between calls).
+fn served_since() -> &'static (u64, String) {
+    static SINCE: std::sync::LazyLock<(u64, String)> = std::sync::LazyLock::new(|| {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let text = crate::rfc3339::format_ms(i64::try_from(secs).unwrap_or(0) * 1000);
+        // Whole seconds: `2026-12-02T03:00:00Z`.
+        let text = text.replace(".000Z", "Z");
+        (secs, text)
+    });
+    &SINCE
+}
+
+/// `GET /v1/models` and `GET /v1/models/{id}`: every caller-facing name, chains as
+/// `auto:<name>`, in the caller's dialect (an Anthropic SDK, which sends `anthropic-version`,
+/// gets Anthropic's shapes). A key sees only what it may use; a name it may not, or one that
+/// does not exist, is `404 model_not_found` alike.
+pub fn models_answer(
+    snapshot: &Snapshot,
+    dialect: Dialect,
+    key: Option<&ClientKey>,
+    ask: ModelsAsk<'_>,
+) -> Result<Bytes, GatewayError> {
     let mut ids = snapshot.public_model_ids();
     // A key sees only the names it may send that something it may be served by stands behind
     // (a policy's models depend on the request: its name is enough).
@@ -87,14 +125,36 @@ pub fn models_body(snapshot: &Snapshot, dialect: Dialect, key: Option<&ClientKey
                 }
         });
     }
-    if dialect == Dialect::Anthropic {
-        return crate::adapters::anthropic::models_list(&ids);
-    }
-    let data: Vec<serde_json::Value> = ids
-        .iter()
-        .map(|id| serde_json::json!({ "id": &**id, "object": "model", "owned_by": "signalbox" }))
-        .collect();
-    Bytes::from(serde_json::json!({ "object": "list", "data": data }).to_string())
+    let (created, created_at) = served_since();
+    let one = |id: &str| {
+        ids.iter()
+            .find(|n| n.eq_ignore_ascii_case(id))
+            .cloned()
+            .ok_or_else(|| {
+                // A resource that is not there (DESIGN §6), not a request naming a bad model.
+                GatewayError::new(ErrorCode::ModelNotFound, "no such model is available")
+                    .with_status(404)
+            })
+    };
+    Ok(match (dialect, ask) {
+        (Dialect::Anthropic, ModelsAsk::List(page)) => {
+            crate::adapters::anthropic::models_list(&ids, created_at, page)
+        }
+        (Dialect::Anthropic, ModelsAsk::One(id)) => {
+            crate::adapters::anthropic::model_object(&one(id)?, created_at)
+        }
+        (Dialect::OpenAi, ModelsAsk::One(id)) => Bytes::from(
+            serde_json::json!({ "id": &*one(id)?, "object": "model", "created": created, "owned_by": "signalbox" })
+                .to_string(),
+        ),
+        (Dialect::OpenAi, ModelsAsk::List(_)) => {
+            let data: Vec<serde_json::Value> = ids
+                .iter()
+                .map(|id| serde_json::json!({ "id": &**id, "object": "model", "created": created, "owned_by": "signalbox" }))
+                .collect();
+            Bytes::from(serde_json::json!({ "object": "list", "data": data }).to_string())
+        }
+    })
 }
 
 /// Header names signalbox sets or reads, built once (`HeaderName::from_static` is const): inserting

@@ -31,7 +31,7 @@ pub mod response;
 
 pub use request::{CountTokensRequest, MessagesBodyError, MessagesRequest};
 pub use respond::{
-    error_body, error_type, is_context_length_error, models_list, refusal_body, sse_error_event,
-    MODELS_CREATED_AT,
+    error_body, error_type, is_context_length_error, model_object, models_list, refusal_body,
+    sse_error_event, ModelEntry, Page,
 };
 pub use response::{AnthropicRewriter, MAX_LINE};

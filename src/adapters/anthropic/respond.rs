@@ -108,17 +108,25 @@ pub fn refusal_body(status: u16, upstream_body: &[u8]) -> Bytes {
     error_body(status, message)
 }
 
-/// The `created_at` of every listed name. Catalog names (aliases, chains, policies) have no
-/// release date, and the SDKs parse the field as an RFC 3339 time, so it is a fixed, valid one.
-pub const MODELS_CREATED_AT: &str = "1970-01-01T00:00:00Z";
-
 #[derive(Serialize)]
-struct ModelEntry<'a> {
+pub struct ModelEntry<'a> {
     #[serde(rename = "type")]
     kind: &'static str,
     id: &'a str,
     display_name: &'a str,
-    created_at: &'static str,
+    created_at: &'a str,
+}
+
+impl<'a> ModelEntry<'a> {
+    /// One caller-facing name, created at `created_at` (RFC 3339).
+    pub fn new(id: &'a str, created_at: &'a str) -> Self {
+        Self {
+            kind: "model",
+            id,
+            display_name: id,
+            created_at,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -129,24 +137,82 @@ struct ModelList<'a> {
     last_id: Option<&'a str>,
 }
 
-/// `GET /v1/models` in Anthropic's shape: every caller-facing name (the list the OpenAI shape
-/// is built from, e.g. `Snapshot::public_model_ids`), in order, on one page.
-pub fn models_list<S: AsRef<str>>(names: &[S]) -> Bytes {
+/// Anthropic's list paging (`GET /v1/models?limit=&after_id=&before_id=`): at most `limit`
+/// names (default 20, 1 to 1000) after `after_id` or before `before_id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Page<'q> {
+    pub limit: usize,
+    pub after_id: Option<&'q str>,
+    pub before_id: Option<&'q str>,
+}
+
+impl<'q> Page<'q> {
+    pub const DEFAULT_LIMIT: usize = 20;
+    pub const MAX_LIMIT: usize = 1000;
+
+    /// Read the query string; `Err` names the parameter at fault.
+    pub fn parse(query: Option<&'q str>) -> Result<Self, &'static str> {
+        let mut page = Page {
+            limit: Self::DEFAULT_LIMIT,
+            after_id: None,
+            before_id: None,
+        };
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            match k {
+                "limit" => {
+                    page.limit = v
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| (1..=Self::MAX_LIMIT).contains(n))
+                        .ok_or("limit")?;
+                }
+                "after_id" => page.after_id = Some(v),
+                "before_id" => page.before_id = Some(v),
+                _ => {}
+            }
+        }
+        Ok(page)
+    }
+}
+
+/// `GET /v1/models` in Anthropic's shape: the caller-facing names (the list the OpenAI shape
+/// is built from, e.g. `Snapshot::public_model_ids`), in order, one page of them.
+pub fn models_list<S: AsRef<str>>(names: &[S], created_at: &str, page: Page<'_>) -> Bytes {
+    let ids: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
+    let position = |id: &str| ids.iter().position(|n| *n == id);
+    let (start, end) = match (page.after_id, page.before_id) {
+        (Some(after), _) => {
+            let start = position(after).map_or(ids.len(), |i| i + 1);
+            (start, (start + page.limit).min(ids.len()))
+        }
+        (None, Some(before)) => {
+            let end = position(before).unwrap_or(0);
+            (end.saturating_sub(page.limit), end)
+        }
+        (None, None) => (0, page.limit.min(ids.len())),
+    };
+    let window = &ids[start..end.max(start)];
+    let has_more = if page.before_id.is_some() && page.after_id.is_none() {
+        start > 0
+    } else {
+        end < ids.len()
+    };
     let list = ModelList {
-        data: names
+        data: window
             .iter()
-            .map(|n| ModelEntry {
-                kind: "model",
-                id: n.as_ref(),
-                display_name: n.as_ref(),
-                created_at: MODELS_CREATED_AT,
-            })
+            .map(|id| ModelEntry::new(id, created_at))
             .collect(),
-        has_more: false,
-        first_id: names.first().map(AsRef::as_ref),
-        last_id: names.last().map(AsRef::as_ref),
+        has_more,
+        first_id: window.first().copied(),
+        last_id: window.last().copied(),
     };
     Bytes::from(serde_json::to_vec(&list).unwrap_or_default())
+}
+
+/// `GET /v1/models/{id}` in Anthropic's shape.
+pub fn model_object(id: &str, created_at: &str) -> Bytes {
+    Bytes::from(serde_json::to_vec(&ModelEntry::new(id, created_at)).unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -242,12 +308,14 @@ mod tests {
     }
 
     #[test]
-    fn models_are_listed_in_anthropics_shape() {
+    fn models_are_listed_in_anthropics_shape_a_page_at_a_time() {
         let names: Vec<std::sync::Arc<str>> = ["claude-haiku", "fast", "auto:default", "auto"]
             .into_iter()
             .map(std::sync::Arc::from)
             .collect();
-        let v = parse(&models_list(&names));
+        let at = "2026-12-02T03:00:00Z";
+        let all = Page::parse(None).expect("defaults");
+        let v = parse(&models_list(&names, at, all));
         assert_eq!(v["has_more"], false);
         assert_eq!(v["first_id"], "claude-haiku");
         assert_eq!(v["last_id"], "auto");
@@ -259,11 +327,31 @@ mod tests {
                 "type": "model",
                 "id": "auto:default",
                 "display_name": "auto:default",
-                "created_at": MODELS_CREATED_AT,
+                "created_at": at,
             })
         );
-        let v = parse(&models_list::<&str>(&[]));
+        let v = parse(&models_list::<&str>(&[], at, all));
         assert_eq!(v["data"], serde_json::json!([]));
         assert!(v["first_id"].is_null() && v["last_id"].is_null());
+        // Pages: two, then the next two after the last id, then two before the first.
+        let page = |q: &str| parse(&models_list(&names, at, Page::parse(Some(q)).expect("ok")));
+        let v = page("limit=2");
+        assert_eq!(
+            (v["first_id"].as_str(), v["last_id"].as_str()),
+            (Some("claude-haiku"), Some("fast"))
+        );
+        assert_eq!(v["has_more"], true);
+        let v = page("limit=2&after_id=fast");
+        assert_eq!(
+            (v["first_id"].as_str(), v["last_id"].as_str()),
+            (Some("auto:default"), Some("auto"))
+        );
+        assert_eq!(v["has_more"], false);
+        let v = page("limit=1&before_id=auto:default");
+        assert_eq!(v["first_id"], "fast");
+        assert_eq!(v["has_more"], true);
+        assert_eq!(Page::parse(Some("limit=0")), Err("limit"));
+        assert_eq!(Page::parse(Some("limit=1001")), Err("limit"));
+        assert_eq!(parse(&model_object("fast", at))["id"], "fast");
     }
 }

@@ -296,14 +296,15 @@ async fn what_a_request_names_has_a_precedence() {
     let mut bad = chat("mc");
     bad["routing"] = serde_json::json!({"policy": "nope"});
     expect_error(post_chat(&gw, &bad).await, 400, "invalid_request").await;
-    // `smart` is taken as `balanced`, and says so.
+    // `smart` is taken as `priority_cheapest` (seed 002), and says so.
     let mut smart = chat("mc");
     smart["routing"] = serde_json::json!({"strategy": "smart"});
     let r = post_chat(&gw, &smart).await;
     assert_eq!(r.status(), 200);
     let reason = header(&r, "x-llm-routing-reason");
     assert!(
-        reason.starts_with("strategy=balanced ") && reason.ends_with(" reason=smart_fallback"),
+        reason.starts_with("strategy=priority_cheapest ")
+            && reason.ends_with(" reason=smart_fallback"),
         "{reason}"
     );
     // The steering headers never reach a provider.

@@ -8,7 +8,7 @@
 //! draw seeded by the request, its complexity tier, or its one order; `x-llm-router: off`
 //! takes the targets in the order written. `routing.strategy` re-ranks the chosen route's
 //! candidates for this request (each policy segment on its own, so a policy's target order
-//! stands); `smart` is taken as `balanced`. `routing.providers` narrows the candidates and,
+//! stands); `smart` is taken as `priority_cheapest` (seed 002). `routing.providers` narrows the candidates and,
 //! under `priority`, breaks ties in its own order.
 //!
 //! Everything here is a pure function of the snapshot and the request. What the proxy then
@@ -229,7 +229,7 @@ pub struct Routed {
     pub strategy: Strategy,
     /// The request asked for a strategy of its own (ranked now, not from the tables).
     pub strategy_override: bool,
-    /// The request asked for `smart`, taken as `balanced`.
+    /// The request asked for `smart`, taken as `priority_cheapest`.
     pub smart_fallback: bool,
     /// `routing.providers`, resolved.
     pub providers: Option<Vec<ProviderIdx>>,
@@ -285,7 +285,7 @@ pub fn route(tables: &RouteTable, steering: &Steering<'_>) -> Result<Routed, Dec
     let (strategy, strategy_override, smart_fallback) =
         match overrides.and_then(|r| r.strategy.as_deref()) {
             None => (base, false, false),
-            Some("smart") => (Strategy::Balanced, true, true),
+            Some("smart") => (Strategy::PriorityCheapest, true, true),
             Some(name) => (
                 Strategy::parse(name).ok_or(DecideError::UnknownStrategy)?,
                 true,

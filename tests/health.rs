@@ -450,3 +450,28 @@ async fn one_probe_among_sixty_four_concurrent_requests() {
     assert_eq!((a.calls() - a_before, b.calls() - b_before), (1, 63));
     assert_eq!(served.get("a"), Some(&1), "{served:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restore_health_zero_means_the_default_half_share() {
+    let a = mock("a").await;
+    let b = mock("b").await;
+    a.push_script([status(502)]);
+    // `restore_health: 0` is the default (0.5), not a target that never earns traffic back.
+    let gw = Gateway::start(two(
+        &a,
+        &b,
+        "",
+        "{ failure_threshold: 1, cooldown: 1h, probe_interval: 100ms, restore_health: 0 }",
+    ));
+    assert_eq!(
+        header(&post_chat(&gw, &chat("m")).await, "x-llm-provider"),
+        "b"
+    );
+    let h = wait_health(&gw, "a re-admitted by a probe", |h| {
+        target(h, "a")["breaker"] == "closed"
+    })
+    .await;
+    let t = target(&h, "a");
+    assert_eq!(t["state"], "recovering", "{t}");
+    assert!((t["health"].as_f64().unwrap() - 0.5).abs() < 1e-9, "{t}");
+}

@@ -497,3 +497,50 @@ async fn explain_puts_first_what_the_proxy_tries_first() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn routing_off_turns_policy_names_into_unknown_models() {
+    let m = mocks().await;
+    let extra = "chains: { main: [ma] }\nactive_chain: main\nrouting: { enabled: false }\npolicies:\n  pb: { select: [ { router: priority, targets: [ { model: mb } ] } ] }\nrules:\n  - when: { metadata.team: ads }\n    then: pb\n";
+    let gw = Gateway::start(four(&m, "", extra));
+    // By name, by header, by `routing.policy`: a policy is a name that names nothing.
+    expect_error(post_chat(&gw, &chat("pb")).await, 400, "model_not_found").await;
+    let r = post_with(&gw, &chat("mc"), &[("x-llm-route", "pb")]).await;
+    let v = expect_error(r, 400, "model_not_found").await;
+    assert!(v.to_string().contains("routing.enabled"), "{v}");
+    let mut body = chat("mc");
+    body["routing"] = serde_json::json!({"policy": "pb"});
+    expect_error(post_chat(&gw, &body).await, 400, "model_not_found").await;
+    // A rule to a policy never holds: `auto` takes the active chain.
+    let r = post_with(
+        &gw,
+        &chat("auto"),
+        &[("x-llm-metadata", r#"{"team":"ads"}"#)],
+    )
+    .await;
+    assert_eq!(
+        (header(&r, "x-llm-provider"), header(&r, "x-llm-route")),
+        ("a", "chain:main")
+    );
+    // Models still serve, and the policy is not advertised.
+    assert_eq!(
+        header(&post_chat(&gw, &chat("mc")).await, "x-llm-provider"),
+        "c"
+    );
+    let models: serde_json::Value = client()
+        .get(gw.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert!(ids.contains(&"mb") && !ids.contains(&"pb"), "{ids:?}");
+    assert_eq!(m[1].calls(), 0);
+}

@@ -502,6 +502,10 @@ impl Default for DegradedSection {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RoutingSection {
+    /// `false` turns policy resolution off (by name, `x-llm-route` and `routing.policy`) while
+    /// the policies stay validated (seed 004).
+    #[serde(default = "default_routing_enabled")]
+    pub enabled: bool,
     /// How often the ranker rebuilds the scored tables (also on every breaker transition).
     #[serde(default = "default_rank_interval")]
     pub rank_interval: String,
@@ -519,6 +523,7 @@ pub struct RoutingSection {
 impl Default for RoutingSection {
     fn default() -> Self {
         Self {
+            enabled: default_routing_enabled(),
             rank_interval: default_rank_interval(),
             session_ttl: default_session_ttl(),
             prefix_bytes: default_prefix_bytes(),
@@ -768,6 +773,10 @@ pub fn default_cooldown() -> String {
 pub fn default_max_ejection() -> String {
     defaults::duration_text(defaults::MAX_EJECTION)
 }
+pub fn default_routing_enabled() -> bool {
+    true
+}
+
 pub fn default_restore_health() -> f64 {
     defaults::RESTORE_HEALTH
 }

@@ -269,6 +269,8 @@ impl Default for DegradedPolicy {
 /// Knobs of the ranking strategies (the `routing` section).
 #[derive(Debug, Clone, Copy)]
 pub struct RoutingKnobs {
+    /// Policies are resolved (`routing.enabled`).
+    pub policies: bool,
     pub rank_interval: Duration,
     pub session_ttl: Duration,
     pub prefix_bytes: usize,
@@ -278,6 +280,7 @@ pub struct RoutingKnobs {
 impl Default for RoutingKnobs {
     fn default() -> Self {
         Self {
+            policies: true,
             rank_interval: defaults::RANK_INTERVAL,
             session_ttl: defaults::SESSION_TTL,
             prefix_bytes: defaults::PREFIX_BYTES,

@@ -349,6 +349,9 @@ pub(super) fn compile_rules(
             let dest = match &r.then {
                 RuleTarget::Chain(c) => RuleDest::Route(*chains.get(*c)?),
                 RuleTarget::Axis(a) => RuleDest::Route(*axes.get(a.as_str())?),
+                // With `routing.enabled: false` a rule to a policy leads nowhere: `auto` goes
+                // on to the next rule, as if this one did not hold.
+                RuleTarget::Policy(_) if !config.routing.policies => return None,
                 RuleTarget::Policy(p) => RuleDest::Policy(policies.get(*p)?.idx),
             };
             let label: Arc<str> = Arc::from(format!("rule:{n}"));

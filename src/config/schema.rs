@@ -174,17 +174,26 @@ pub struct BudgetSection {
 }
 
 /// What signalbox adds to response bodies (`response`).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResponseSection {
     /// A top-level `provider` (the serving provider's id) beside `model` in every response
-    /// object and stream chunk.
-    #[serde(default)]
+    /// object and stream chunk: on by default (seed 002).
+    #[serde(default = "default_provider_field")]
     pub provider_field: bool,
     /// Globs of provider response headers relayed to the caller (everything else of the
     /// provider's is dropped but framing and `content-type`).
     #[serde(default)]
     pub pass_headers: Vec<String>,
+}
+
+impl Default for ResponseSection {
+    fn default() -> Self {
+        Self {
+            provider_field: default_provider_field(),
+            pass_headers: Vec::new(),
+        }
+    }
 }
 
 /// What of the caller's request travels to the provider (`request`).
@@ -773,6 +782,10 @@ pub fn default_cooldown() -> String {
 pub fn default_max_ejection() -> String {
     defaults::duration_text(defaults::MAX_EJECTION)
 }
+pub fn default_provider_field() -> bool {
+    true
+}
+
 pub fn default_routing_enabled() -> bool {
     true
 }

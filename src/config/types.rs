@@ -143,12 +143,22 @@ pub struct ClientKeyConfig {
 }
 
 /// What signalbox adds to response bodies (the `response` section).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ResponseConfig {
-    /// `provider_field`: a top-level `provider` beside `model` in every object and chunk.
+    /// `provider_field`: a top-level `provider` beside `model` in every object and chunk (on
+    /// unless switched off).
     pub provider_field: bool,
     /// `pass_headers`: the provider response headers relayed to the caller.
     pub pass_headers: HeaderGlobs,
+}
+
+impl Default for ResponseConfig {
+    fn default() -> Self {
+        Self {
+            provider_field: true,
+            pass_headers: HeaderGlobs::default(),
+        }
+    }
 }
 
 /// What of the caller's request reaches the provider (the `request` section).

@@ -471,3 +471,62 @@ async fn a_secret_in_a_url_is_redacted_wherever_the_url_is_shown() {
     let (_, running) = admin(&gw, Method::GET, "/admin/config", Some(READ), None).await;
     assert!(!running.to_string().contains(CANARY));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rules_speak_the_list_and_the_long_form() {
+    use reqwest::Method;
+    let (a, b) = (mock("a").await, mock("b").await);
+    let gw = start(
+        config(&a, &b, "chains:\n  main: [ma, mb]\n  side: [mb]\n")
+            .replace("chains:\n  main: [ma, mb]\nactive_chain", "active_chain"),
+    );
+    let set = serde_json::json!({ "enabled": true, "default": "auto:side", "rules": [] });
+    let (s, v) = admin(
+        &gw,
+        Method::PUT,
+        "/admin/rules",
+        Some(WRITE),
+        Some(set.clone()),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let (_, v) = admin(&gw, Method::GET, "/admin/rules", Some(READ), None).await;
+    assert_eq!(v, set, "read back in the form written");
+    let r = post_chat(&gw, &chat("auto")).await;
+    assert_eq!(
+        (header(&r, "x-llm-provider"), header(&r, "x-llm-route")),
+        ("b", "rule:default")
+    );
+    // Refusals name the path inside the long form, and change nothing.
+    let bad = serde_json::json!({ "enabled": false, "default": "ma", "rules": [] });
+    let (s, v) = admin(&gw, Method::PUT, "/admin/rules", Some(WRITE), Some(bad)).await;
+    assert_eq!(s, 400);
+    assert!(v.to_string().contains("rules.default"), "{v}");
+    let (s, v) = admin(
+        &gw,
+        Method::PUT,
+        "/admin/rules",
+        Some(WRITE),
+        Some(serde_json::json!({ "enabled": true, "sometimes": 1 })),
+    )
+    .await;
+    assert_eq!(s, 400);
+    assert!(v.to_string().contains("rules.sometimes"), "{v}");
+    assert_eq!(
+        header(&post_chat(&gw, &chat("auto")).await, "x-llm-provider"),
+        "b"
+    );
+    // Switched off through the API: the active chain again.
+    let off = serde_json::json!({ "enabled": false, "default": "auto:side", "rules": [] });
+    assert_eq!(
+        admin(&gw, Method::PUT, "/admin/rules", Some(WRITE), Some(off))
+            .await
+            .0,
+        200
+    );
+    let r = post_chat(&gw, &chat("auto")).await;
+    assert_eq!(
+        (header(&r, "x-llm-provider"), header(&r, "x-llm-route")),
+        ("a", "chain:main")
+    );
+}

@@ -544,3 +544,38 @@ async fn routing_off_turns_policy_names_into_unknown_models() {
     assert!(ids.contains(&"mb") && !ids.contains(&"pb"), "{ids:?}");
     assert_eq!(m[1].calls(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rule_set_has_a_default_and_a_switch() {
+    let m = mocks().await;
+    let set = |enabled: bool| {
+        format!("chains: {{ main: [ma], side: [mc] }}\nactive_chain: main\npolicies:\n  team: {{ select: [ {{ router: priority, targets: [ {{ model: md }} ] }} ] }}\nrules:\n  enabled: {enabled}\n  default: auto:side\n  rules:\n    - when: {{ metadata.team: ads }}\n      then: team\n")
+    };
+    let ads = [("x-llm-metadata", r#"{"team":"ads"}"#)];
+    let gw = Gateway::start(four(&m, "", &set(true)));
+    // No rule holds: `default`, not the active chain.
+    let r = post_chat(&gw, &chat("auto")).await;
+    assert_eq!(
+        (header(&r, "x-llm-provider"), header(&r, "x-llm-route")),
+        ("c", "rule:default")
+    );
+    let r = post_with(&gw, &chat("auto"), &ads).await;
+    assert_eq!(header(&r, "x-llm-provider"), "d");
+    // A request that names its chain is never redirected, by a rule or the default.
+    let r = post_with(&gw, &chat("auto:main"), &ads).await;
+    assert_eq!(header(&r, "x-llm-provider"), "a");
+    // Explain agrees.
+    let v = explain(&gw, &chat("auto"), &[]).await;
+    assert_eq!(v["route"], "rule:default", "{v}");
+    drop(gw);
+    // Switched off: validated, never consulted (the default neither).
+    let gw = Gateway::start(four(&m, "", &set(false)));
+    for headers in [&ads[..], &[]] {
+        let r = post_with(&gw, &chat("auto"), headers).await;
+        assert_eq!(
+            (header(&r, "x-llm-provider"), header(&r, "x-llm-route")),
+            ("a", "chain:main")
+        );
+    }
+    assert_eq!(m[3].calls(), 1);
+}

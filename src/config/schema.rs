@@ -41,9 +41,10 @@ pub struct ConfigFile {
     /// Named routing policies, callable as a model name, by `x-llm-route` or `routing.policy`.
     #[serde(default)]
     pub policies: BTreeMap<String, PolicySection>,
-    /// Conditional rules consulted when a request names `auto`, in the order written.
+    /// Conditional rules consulted when a request names `auto`, in the order written: a list,
+    /// or the rule set's long form with its switches (seed 000).
     #[serde(default)]
-    pub rules: Vec<RuleSection>,
+    pub rules: ListOr<RuleSection, RuleSetSection>,
     /// Who may use the admin API.
     #[serde(default)]
     pub admin: AdminSection,
@@ -704,6 +705,61 @@ pub struct RuleSection {
     pub then: String,
 }
 
+/// `rules` in its long form: the switches of the rule set (seed 000).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleSetSection {
+    /// `false`: the rules (and `default`) stay validated but are never consulted.
+    #[serde(default = "default_rules_enabled")]
+    pub enabled: bool,
+    /// Where a bare `auto` goes when no rule holds (`auto:<chain>`, `auto:<axis>` or a
+    /// policy); `null`: the active chain.
+    #[serde(default)]
+    pub default: Option<String>,
+    #[serde(default)]
+    pub rules: Vec<RuleSection>,
+}
+
+/// A section written either as a list (its short form) or as a map (its long form). Read by
+/// hand rather than as an untagged enum, so an error inside either form keeps its key path.
+#[derive(Debug)]
+pub enum ListOr<T, L> {
+    List(Vec<T>),
+    Long(L),
+}
+
+impl<T, L> Default for ListOr<T, L> {
+    fn default() -> Self {
+        ListOr::List(Vec::new())
+    }
+}
+
+impl<'de, T: Deserialize<'de>, L: Deserialize<'de>> Deserialize<'de> for ListOr<T, L> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Form<T, L>(std::marker::PhantomData<(T, L)>);
+        impl<'de, T: Deserialize<'de>, L: Deserialize<'de>> serde::de::Visitor<'de> for Form<T, L> {
+            type Value = ListOr<T, L>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list, or a map (the long form)")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                Vec::<T>::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+                    .map(ListOr::List)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                L::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(ListOr::Long)
+            }
+        }
+        d.deserialize_any(Form(std::marker::PhantomData))
+    }
+}
+
 /// Deserialize a present value as `Some` even when it is `null`.
 fn raw_present<'de, D>(d: D) -> Result<Option<serde_yaml::Value>, D::Error>
 where
@@ -782,6 +838,10 @@ pub fn default_cooldown() -> String {
 pub fn default_max_ejection() -> String {
     defaults::duration_text(defaults::MAX_EJECTION)
 }
+pub fn default_rules_enabled() -> bool {
+    true
+}
+
 pub fn default_provider_field() -> bool {
     true
 }

@@ -29,6 +29,10 @@ pub struct Config {
     pub policies: Vec<PolicyConfig>,
     /// Conditional rules for `auto` (`rules`), in the order written.
     pub rules: Vec<RuleConfig>,
+    /// The rule set's switches (its long form): off, the rules are validated but unused.
+    pub rules_enabled: bool,
+    /// Where a bare `auto` goes when no rule holds; `None`: the active chain.
+    pub rules_default: Option<RuleTarget>,
     /// Who may use the admin API.
     pub admin: AdminConfig,
     pub failover: Failover,

@@ -86,7 +86,7 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
         names::validate_active_chain(file.active_chain.as_deref(), &chains, &mut errs);
     let policies =
         policies::validate_policies(&file.policies, &models, &failover, &mut names, &mut errs);
-    let rules = rules::validate_rules(&file.rules, &chains, &names, &mut errs);
+    let rules = rules::validate_rule_set(&file.rules, &chains, &names, &mut errs);
 
     server::validate_pingora(&file.pingora, &mut errs);
     let health = health::validate_health(&file.health, &mut errs);
@@ -134,7 +134,9 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
         chains,
         active_chain,
         policies,
-        rules,
+        rules: rules.rules,
+        rules_enabled: rules.enabled,
+        rules_default: rules.default,
         admin,
         failover,
         limits,

@@ -24,8 +24,9 @@ pub struct ConfigFile {
     pub models: BTreeMap<String, ModelSection>,
     #[serde(default)]
     pub aliases: BTreeMap<String, String>,
+    /// Named chains: a list of models, or the long form with switches and backfill (seed 000).
     #[serde(default)]
-    pub chains: BTreeMap<String, Vec<String>>,
+    pub chains: BTreeMap<String, ListOr<ChainEntrySection, ChainSection>>,
     #[serde(default)]
     pub active_chain: Option<String>,
     #[serde(default)]
@@ -705,6 +706,62 @@ pub struct RuleSection {
     pub then: String,
 }
 
+/// A chain in its long form (`chains.<name>`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChainSection {
+    #[serde(default)]
+    pub models: Vec<ChainEntrySection>,
+    /// Append every catalog model the chain does not name, after its own, in catalog order.
+    #[serde(default)]
+    pub backfill: bool,
+}
+
+/// One model of a chain: its name, or `{model, enabled}`.
+#[derive(Debug)]
+pub struct ChainEntrySection {
+    pub model: String,
+    pub enabled: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChainEntryLong {
+    model: String,
+    #[serde(default = "default_chain_entry_enabled")]
+    enabled: bool,
+}
+
+impl<'de> Deserialize<'de> for ChainEntrySection {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Entry;
+        impl<'de> serde::de::Visitor<'de> for Entry {
+            type Value = ChainEntrySection;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a model name, or { model, enabled }")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(ChainEntrySection {
+                    model: v.to_string(),
+                    enabled: true,
+                })
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let e =
+                    ChainEntryLong::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(ChainEntrySection {
+                    model: e.model,
+                    enabled: e.enabled,
+                })
+            }
+        }
+        d.deserialize_any(Entry)
+    }
+}
+
 /// `rules` in its long form: the switches of the rule set (seed 000).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -838,6 +895,10 @@ pub fn default_cooldown() -> String {
 pub fn default_max_ejection() -> String {
     defaults::duration_text(defaults::MAX_EJECTION)
 }
+pub fn default_chain_entry_enabled() -> bool {
+    true
+}
+
 pub fn default_rules_enabled() -> bool {
     true
 }

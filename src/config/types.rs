@@ -464,7 +464,15 @@ pub struct AliasConfig {
 #[derive(Debug, Clone)]
 pub struct ChainConfig {
     pub name: String,
+    /// The models tried, in order: the entries switched on, then (with `backfill`) every
+    /// catalog model the chain does not name, in catalog order. A model switched off in the
+    /// catalog is left out by the routes, as everywhere.
     pub models: Vec<usize>,
+    /// The entries as written, each with its switch.
+    pub entries: Vec<(usize, bool)>,
+    pub backfill: bool,
+    /// Written in the long form (`{models, backfill}`) rather than as a list.
+    pub long: bool,
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -81,7 +81,7 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
     let mut names = names::Namespace::default();
     let models = models::validate_models(&file.models, &providers, &mut names, &mut errs);
     let aliases = names::validate_aliases(&file.aliases, &mut names, &mut errs);
-    let chains = names::validate_chains(&file.chains, &mut names, &mut errs);
+    let chains = names::validate_chains(&file.chains, &models, &mut names, &mut errs);
     let active_chain =
         names::validate_active_chain(file.active_chain.as_deref(), &chains, &mut errs);
     let policies =

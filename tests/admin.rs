@@ -471,3 +471,180 @@ async fn a_secret_in_a_url_is_redacted_wherever_the_url_is_shown() {
     let (_, running) = admin(&gw, Method::GET, "/admin/config", Some(READ), None).await;
     assert!(!running.to_string().contains(CANARY));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rules_speak_the_list_and_the_long_form() {
+    use reqwest::Method;
+    let (a, b) = (mock("a").await, mock("b").await);
+    let gw = start(
+        config(&a, &b, "chains:\n  main: [ma, mb]\n  side: [mb]\n")
+            .replace("chains:\n  main: [ma, mb]\nactive_chain", "active_chain"),
+    );
+    let set = serde_json::json!({ "enabled": true, "default": "auto:side", "rules": [] });
+    let (s, v) = admin(
+        &gw,
+        Method::PUT,
+        "/admin/rules",
+        Some(WRITE),
+        Some(set.clone()),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let (_, v) = admin(&gw, Method::GET, "/admin/rules", Some(READ), None).await;
+    assert_eq!(v, set, "read back in the form written");
+    let r = post_chat(&gw, &chat("auto")).await;
+    assert_eq!(
+        (header(&r, "x-llm-provider"), header(&r, "x-llm-route")),
+        ("b", "rule:default")
+    );
+    // Refusals name the path inside the long form, and change nothing.
+    let bad = serde_json::json!({ "enabled": false, "default": "ma", "rules": [] });
+    let (s, v) = admin(&gw, Method::PUT, "/admin/rules", Some(WRITE), Some(bad)).await;
+    assert_eq!(s, 400);
+    assert!(v.to_string().contains("rules.default"), "{v}");
+    let (s, v) = admin(
+        &gw,
+        Method::PUT,
+        "/admin/rules",
+        Some(WRITE),
+        Some(serde_json::json!({ "enabled": true, "sometimes": 1 })),
+    )
+    .await;
+    assert_eq!(s, 400);
+    assert!(v.to_string().contains("rules.sometimes"), "{v}");
+    assert_eq!(
+        header(&post_chat(&gw, &chat("auto")).await, "x-llm-provider"),
+        "b"
+    );
+    // Switched off through the API: the active chain again.
+    let off = serde_json::json!({ "enabled": false, "default": "auto:side", "rules": [] });
+    assert_eq!(
+        admin(&gw, Method::PUT, "/admin/rules", Some(WRITE), Some(off))
+            .await
+            .0,
+        200
+    );
+    let r = post_chat(&gw, &chat("auto")).await;
+    assert_eq!(
+        (header(&r, "x-llm-provider"), header(&r, "x-llm-route")),
+        ("a", "chain:main")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chains_take_switches_and_backfill_and_presets_only_reorder() {
+    use reqwest::Method;
+    let (a, b, c) = (mock("a").await, mock("b").await, mock("c").await);
+    let text = format!(
+        "providers:\n{}{}{}models:\n  ma: {{ capability: 1, deployments: [{{ provider: a, model: up-a, budget: {{ usd: 10, period: month }} }}] }}\n  mb: {{ capability: 5, deployments: [{{ provider: b, model: up-b, price: {{ input_per_mtok: 0.1, output_per_mtok: 0.1 }} }}] }}\n  mc: {{ capability: 9, deployments: [{{ provider: c, model: up-c, budget: {{ usd: 50, period: month }} }}] }}\n  md: {{ capability: 3, enabled: false, deployments: [{{ provider: b, model: up-d, price: {{ input_per_mtok: 1, output_per_mtok: 1 }} }}] }}\nchains:\n  team: {{ models: [ma, {{ model: mc, enabled: false }}], backfill: true }}\n  pick: [mb]\nactive_chain: team\nadmin: {{ token_env: SB_ADMIN, read_token_env: SB_ADMIN_READ }}\nhealth: {{ failure_threshold: 0 }}\n",
+        provider("a", &a),
+        provider("b", &b),
+        provider("c", &c),
+    );
+    let gw = start(text);
+    // The chain's own enabled entry, then the backfill in catalog order (mb; md is switched
+    // off in the catalog); mc is switched off in the chain and never tried.
+    a.push_script([status(502)]);
+    let r = post_chat(&gw, &chat("auto")).await;
+    assert_eq!(r.status(), 200, "{}", gw.stderr());
+    assert_eq!(
+        (header(&r, "x-llm-provider"), header(&r, "x-llm-attempts")),
+        ("b", "2")
+    );
+    assert_eq!(b.requests()[0].model.as_deref(), Some("up-b"));
+    assert_eq!(c.calls(), 0);
+    // A chain of nothing but switched-off entries is empty: a 400, never the catalogue.
+    let (s, v) = admin(
+        &gw,
+        Method::PUT,
+        "/admin/chains/pick",
+        Some(WRITE),
+        Some(serde_json::json!({ "models": [{ "model": "mb", "enabled": false }] })),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    expect_error(post_chat(&gw, &chat("auto:pick")).await, 400, "chain_empty").await;
+    assert_eq!(
+        admin(
+            &gw,
+            Method::PUT,
+            "/admin/chains/pick",
+            Some(WRITE),
+            Some(serde_json::json!(["mb"]))
+        )
+        .await
+        .0,
+        200
+    );
+    // Both forms read back as written; `/v1/models` lists each chain.
+    let (_, v) = admin(&gw, Method::GET, "/admin/chains/team", Some(READ), None).await;
+    assert_eq!(
+        v,
+        serde_json::json!({ "models": ["ma", { "model": "mc", "enabled": false }], "backfill": true })
+    );
+    let (_, v) = admin(&gw, Method::GET, "/admin/chains/pick", Some(READ), None).await;
+    assert_eq!(v, serde_json::json!(["mb"]));
+    let models: serde_json::Value = client()
+        .get(gw.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids = models.to_string();
+    assert!(
+        ids.contains("\"auto:team\"") && ids.contains("\"auto:pick\""),
+        "{ids}"
+    );
+    // An entry of the long form is strict too, and refused with its path.
+    let (s, v) = admin(
+        &gw,
+        Method::PUT,
+        "/admin/chains/pick",
+        Some(WRITE),
+        Some(serde_json::json!({ "models": ["mb", { "model": "ma", "on": false }] })),
+    )
+    .await;
+    assert_eq!(s, 400);
+    assert!(v.to_string().contains("chains.pick.models[1]"), "{v}");
+
+    // `budget`: the largest budget left first (mc 50, ma 10), then no budget, cheapest first
+    // (mb, md). Switches stay: mc off, the backfilled models as they were shown (mb on, md off).
+    let (s, v) = admin(
+        &gw,
+        Method::POST,
+        "/admin/chains/team/sort/budget",
+        Some(WRITE),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        v,
+        serde_json::json!({ "models": [
+            { "model": "mc", "enabled": false }, "ma", "mb", { "model": "md", "enabled": false }
+        ], "backfill": true })
+    );
+    // `smartest` on a list without backfill: every model it did not name is written in off.
+    let (s, v) = admin(
+        &gw,
+        Method::POST,
+        "/admin/chains/pick/sort/smartest",
+        Some(WRITE),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        v,
+        serde_json::json!({ "models": [
+            { "model": "mc", "enabled": false }, "mb",
+            { "model": "md", "enabled": false }, { "model": "ma", "enabled": false }
+        ], "backfill": false })
+    );
+    let before = (a.calls(), c.calls());
+    let r = post_chat(&gw, &chat("auto:pick")).await;
+    assert_eq!(header(&r, "x-llm-provider"), "b", "no entry switched on");
+    assert_eq!((a.calls(), c.calls()), before);
+}

@@ -262,3 +262,32 @@ fn a_listener_that_cannot_bind_exits_with_one_line() {
         );
     }
 }
+
+#[test]
+fn routing_off_keeps_policies_validated_and_restore_health_zero_is_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("off.yaml");
+    let base = "providers:\n  a: { kind: openai, base_url: \"http://127.0.0.1:9/v1\" }\nmodels:\n  m: { deployments: [{ provider: a, model: x }] }\n";
+    // Switched off, a policy naming a model that does not exist is still an error.
+    std::fs::write(
+        &path,
+        format!("{base}routing: {{ enabled: false }}\npolicies:\n  p: {{ select: [ {{ router: priority, targets: [ {{ model: ghost }} ] }} ] }}\n"),
+    )
+    .unwrap();
+    let out = signalbox(&["-t", "-c", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("policies.p.select[0].targets[0]"), "{err}");
+    // `restore_health: 0` is the default, not an error; a value past 1 still is.
+    std::fs::write(&path, format!("{base}health: {{ restore_health: 0 }}\n")).unwrap();
+    let out = signalbox(&["-t", "-c", path.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(&path, format!("{base}health: {{ restore_health: 1.5 }}\n")).unwrap();
+    let out = signalbox(&["-t", "-c", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("health.restore_health"));
+}

@@ -919,11 +919,12 @@ async fn signed_thinking_blocks_in_a_chat_history_pass_as_they_were_signed() {
 #[tokio::test(flavor = "multi_thread")]
 async fn provider_field_names_the_serving_provider_in_every_object_and_chunk() {
     let (o, a) = (mock("o").await, mock("a").await);
+    // On by default (seed 002); `provider_field: false` turns it off.
     for on in [true, false] {
         let extra = if on {
-            "response: { provider_field: true }\n"
-        } else {
             ""
+        } else {
+            "response: { provider_field: false }\n"
         };
         let config = format!(
             "providers:\n{}{}models:\n{}{}{NO_BREAKERS}{extra}",
@@ -937,7 +938,7 @@ async fn provider_field_names_the_serving_provider_in_every_object_and_chunk() {
             if on {
                 assert_eq!(v["provider"], provider, "{what}: {v}");
             } else {
-                assert!(v.get("provider").is_none(), "{what}: off by default: {v}");
+                assert!(v.get("provider").is_none(), "{what}: switched off: {v}");
             }
         };
         // JSON, both caller dialects, both provider kinds.

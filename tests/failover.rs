@@ -359,3 +359,44 @@ async fn transient_retries_call_the_same_target_again() {
     assert_eq!(header(&r, "x-llm-provider"), "b");
     assert_eq!(header(&r, "x-llm-attempts"), "2");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn responses_and_embeddings_fail_over_through_the_gateway() {
+    let (a, b) = (mock("a").await, mock("b").await);
+    let gw = Gateway::start(format!(
+        "providers:\n{}{}models:\n  m: {{ deployments: [{{ provider: a, model: up-a, priority: 1 }}, {{ provider: b, model: up-b, priority: 2 }}] }}\nhealth: {{ failure_threshold: 0 }}\n",
+        provider("a", &a),
+        provider("b", &b),
+    ));
+    for (path, body) in [
+        (
+            "/v1/responses",
+            serde_json::json!({"model": "m", "input": "hi"}),
+        ),
+        (
+            "/v1/embeddings",
+            serde_json::json!({"model": "m", "input": "hi"}),
+        ),
+    ] {
+        a.push_script([status(502)]);
+        let r = client()
+            .post(gw.url(path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}: {}", gw.stderr());
+        assert_eq!(
+            (header(&r, "x-llm-provider"), header(&r, "x-llm-attempts")),
+            ("b", "2"),
+            "{path}"
+        );
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["model"], "m", "{path}: {v}");
+        assert_eq!(v["provider"], "b", "{path}: {v}");
+        let seen = b.requests().pop().unwrap();
+        assert!(seen.path.ends_with(&path[3..]), "{path}: {}", seen.path);
+        assert_eq!(seen.model.as_deref(), Some("up-b"), "{path}");
+    }
+    assert_eq!(a.calls(), 2);
+}

@@ -450,3 +450,92 @@ async fn one_probe_among_sixty_four_concurrent_requests() {
     assert_eq!((a.calls() - a_before, b.calls() - b_before), (1, 63));
     assert_eq!(served.get("a"), Some(&1), "{served:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restore_health_zero_means_the_default_half_share() {
+    let a = mock("a").await;
+    let b = mock("b").await;
+    a.push_script([status(502)]);
+    // `restore_health: 0` is the default (0.5), not a target that never earns traffic back.
+    let gw = Gateway::start(two(
+        &a,
+        &b,
+        "",
+        "{ failure_threshold: 1, cooldown: 1h, probe_interval: 100ms, restore_health: 0 }",
+    ));
+    assert_eq!(
+        header(&post_chat(&gw, &chat("m")).await, "x-llm-provider"),
+        "b"
+    );
+    let h = wait_health(&gw, "a re-admitted by a probe", |h| {
+        target(h, "a")["breaker"] == "closed"
+    })
+    .await;
+    let t = target(&h, "a");
+    assert_eq!(t["state"], "recovering", "{t}");
+    assert!((t["health"].as_f64().unwrap() - 0.5).abs() < 1e-9, "{t}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn providers_and_models_have_derived_states_on_health_and_metrics() {
+    let (a, b, c) = (mock("a").await, mock("b").await, mock("c").await);
+    let config = format!(
+        "providers:\n{}{}{}models:\n  m: {{ deployments: [{{ provider: a, model: up-a, priority: 1 }}, {{ provider: b, model: up-b, priority: 2 }}] }}\n  mc: {{ deployments: [{{ provider: c, model: up-c }}] }}\nhealth: {{ failure_threshold: 1, cooldown: 1h, probe_interval: 1h }}\n",
+        provider("a", &a),
+        provider("b", &b),
+        provider("c", &c).replace(" }\n", ", enabled: false }\n"),
+    );
+    let gw = Gateway::start(config);
+    let state_of = |h: &serde_json::Value, list: &str, key: &str, name: &str| {
+        h[list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e[key] == name)
+            .map(|e| e["state"].as_str().unwrap().to_string())
+            .unwrap()
+    };
+    let h = admin_health(&gw).await;
+    assert_eq!(state_of(&h, "providers", "provider", "a"), "healthy", "{h}");
+    assert_eq!(
+        state_of(&h, "providers", "provider", "c"),
+        "disabled",
+        "{h}"
+    );
+    assert_eq!(state_of(&h, "models", "model", "m"), "healthy", "{h}");
+    assert_eq!(state_of(&h, "models", "model", "mc"), "disabled", "{h}");
+    let m = gw
+        .metrics_with(&[r#"signalbox_providers{state="healthy"} 2"#])
+        .await;
+    assert!(
+        m.contains(r#"signalbox_providers{state="disabled"} 1"#),
+        "{m}"
+    );
+    assert!(m.contains(r#"signalbox_models{state="degraded"} 0"#), "{m}");
+    // a fails once: ejected. Its provider has nothing usable, its model some.
+    a.push_script([status(502)]);
+    assert_eq!(
+        header(&post_chat(&gw, &chat("m")).await, "x-llm-provider"),
+        "b"
+    );
+    let h = admin_health(&gw).await;
+    assert_eq!(
+        state_of(&h, "providers", "provider", "a"),
+        "unhealthy",
+        "{h}"
+    );
+    assert_eq!(state_of(&h, "providers", "provider", "b"), "healthy", "{h}");
+    assert_eq!(state_of(&h, "models", "model", "m"), "degraded", "{h}");
+    let m = gw
+        .metrics_with(&[r#"signalbox_models{state="degraded"} 1"#])
+        .await;
+    assert!(
+        m.contains(r#"signalbox_providers{state="unhealthy"} 1"#),
+        "{m}"
+    );
+    // b too: the model has nothing usable.
+    b.push_script([status(502)]);
+    let _ = post_chat(&gw, &chat("m")).await;
+    let h = admin_health(&gw).await;
+    assert_eq!(state_of(&h, "models", "model", "m"), "unhealthy", "{h}");
+}

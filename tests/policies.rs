@@ -296,14 +296,15 @@ async fn what_a_request_names_has_a_precedence() {
     let mut bad = chat("mc");
     bad["routing"] = serde_json::json!({"policy": "nope"});
     expect_error(post_chat(&gw, &bad).await, 400, "invalid_request").await;
-    // `smart` is taken as `balanced`, and says so.
+    // `smart` is taken as `priority_cheapest` (seed 002), and says so.
     let mut smart = chat("mc");
     smart["routing"] = serde_json::json!({"strategy": "smart"});
     let r = post_chat(&gw, &smart).await;
     assert_eq!(r.status(), 200);
     let reason = header(&r, "x-llm-routing-reason");
     assert!(
-        reason.starts_with("strategy=balanced ") && reason.ends_with(" reason=smart_fallback"),
+        reason.starts_with("strategy=priority_cheapest ")
+            && reason.ends_with(" reason=smart_fallback"),
         "{reason}"
     );
     // The steering headers never reach a provider.
@@ -495,4 +496,86 @@ async fn explain_puts_first_what_the_proxy_tries_first() {
             "{v:#}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn routing_off_turns_policy_names_into_unknown_models() {
+    let m = mocks().await;
+    let extra = "chains: { main: [ma] }\nactive_chain: main\nrouting: { enabled: false }\npolicies:\n  pb: { select: [ { router: priority, targets: [ { model: mb } ] } ] }\nrules:\n  - when: { metadata.team: ads }\n    then: pb\n";
+    let gw = Gateway::start(four(&m, "", extra));
+    // By name, by header, by `routing.policy`: a policy is a name that names nothing.
+    expect_error(post_chat(&gw, &chat("pb")).await, 400, "model_not_found").await;
+    let r = post_with(&gw, &chat("mc"), &[("x-llm-route", "pb")]).await;
+    let v = expect_error(r, 400, "model_not_found").await;
+    assert!(v.to_string().contains("routing.enabled"), "{v}");
+    let mut body = chat("mc");
+    body["routing"] = serde_json::json!({"policy": "pb"});
+    expect_error(post_chat(&gw, &body).await, 400, "model_not_found").await;
+    // A rule to a policy never holds: `auto` takes the active chain.
+    let r = post_with(
+        &gw,
+        &chat("auto"),
+        &[("x-llm-metadata", r#"{"team":"ads"}"#)],
+    )
+    .await;
+    assert_eq!(
+        (header(&r, "x-llm-provider"), header(&r, "x-llm-route")),
+        ("a", "chain:main")
+    );
+    // Models still serve, and the policy is not advertised.
+    assert_eq!(
+        header(&post_chat(&gw, &chat("mc")).await, "x-llm-provider"),
+        "c"
+    );
+    let models: serde_json::Value = client()
+        .get(gw.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert!(ids.contains(&"mb") && !ids.contains(&"pb"), "{ids:?}");
+    assert_eq!(m[1].calls(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rule_set_has_a_default_and_a_switch() {
+    let m = mocks().await;
+    let set = |enabled: bool| {
+        format!("chains: {{ main: [ma], side: [mc] }}\nactive_chain: main\npolicies:\n  team: {{ select: [ {{ router: priority, targets: [ {{ model: md }} ] }} ] }}\nrules:\n  enabled: {enabled}\n  default: auto:side\n  rules:\n    - when: {{ metadata.team: ads }}\n      then: team\n")
+    };
+    let ads = [("x-llm-metadata", r#"{"team":"ads"}"#)];
+    let gw = Gateway::start(four(&m, "", &set(true)));
+    // No rule holds: `default`, not the active chain.
+    let r = post_chat(&gw, &chat("auto")).await;
+    assert_eq!(
+        (header(&r, "x-llm-provider"), header(&r, "x-llm-route")),
+        ("c", "rule:default")
+    );
+    let r = post_with(&gw, &chat("auto"), &ads).await;
+    assert_eq!(header(&r, "x-llm-provider"), "d");
+    // A request that names its chain is never redirected, by a rule or the default.
+    let r = post_with(&gw, &chat("auto:main"), &ads).await;
+    assert_eq!(header(&r, "x-llm-provider"), "a");
+    // Explain agrees.
+    let v = explain(&gw, &chat("auto"), &[]).await;
+    assert_eq!(v["route"], "rule:default", "{v}");
+    drop(gw);
+    // Switched off: validated, never consulted (the default neither).
+    let gw = Gateway::start(four(&m, "", &set(false)));
+    for headers in [&ads[..], &[]] {
+        let r = post_with(&gw, &chat("auto"), headers).await;
+        assert_eq!(
+            (header(&r, "x-llm-provider"), header(&r, "x-llm-route")),
+            ("a", "chain:main")
+        );
+    }
+    assert_eq!(m[3].calls(), 1);
 }

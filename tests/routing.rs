@@ -286,3 +286,53 @@ async fn routing_providers_order_breaks_priority_ties() {
     body["routing"] = serde_json::json!({ "providers": eleven });
     expect_error(post_chat(&gw, &body).await, 400, "invalid_request").await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn smart_falls_back_to_priority_cheapest_and_says_so() {
+    let a = mock("a").await;
+    let b = mock("b").await;
+    // The model's own strategy is `cheapest` (b); `smart` is `priority_cheapest` (a, priority 1).
+    let gw = Gateway::start(two(&a, &b, "strategy: cheapest"));
+    assert_eq!(
+        header(&post_chat(&gw, &chat("m")).await, "x-llm-provider"),
+        "b"
+    );
+    let mut body = chat("m");
+    body["routing"] = serde_json::json!({"strategy": "smart"});
+    let r = post_chat(&gw, &body).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-llm-provider"), "a");
+    let reason = header(&r, "x-llm-routing-reason");
+    assert!(
+        reason.starts_with("strategy=priority_cheapest selected=a ")
+            && reason.ends_with(" reason=smart_fallback"),
+        "{reason}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn routing_providers_ignores_a_provider_that_does_not_serve_the_model() {
+    let (a, b, c) = (mock("a").await, mock("b").await, mock("c").await);
+    let config = two(&a, &b, "").replace(
+        "models:\n",
+        &format!(
+            "{}models:\n  other: {{ deployments: [{{ provider: c, model: up-c }}] }}\n",
+            provider("c", &c)
+        ),
+    );
+    let gw = Gateway::start(config);
+    let mut body = chat("m");
+    // c is known but does not serve m: ignored, b serves.
+    body["routing"] = serde_json::json!({"providers": ["c", "b"]});
+    let r = post_chat(&gw, &body).await;
+    assert_eq!(r.status(), 200, "{}", gw.stderr());
+    assert_eq!(header(&r, "x-llm-provider"), "b");
+    // None of the listed providers serves m: 503, nothing called.
+    body["routing"] = serde_json::json!({"providers": ["c"]});
+    let v = expect_error(post_chat(&gw, &body).await, 503, "no_provider_available").await;
+    assert!(!v.to_string().contains("up-"), "{v}");
+    // An unknown name is the caller's mistake.
+    body["routing"] = serde_json::json!({"providers": ["b", "zz"]});
+    expect_error(post_chat(&gw, &body).await, 400, "invalid_request").await;
+    assert_eq!((a.calls(), b.calls(), c.calls()), (0, 1, 0));
+}

@@ -219,8 +219,20 @@ fn set(
 
 /// `POST /admin/chains/{name}/sort/{smartest|fastest|budget}`: rewrite the chain's order —
 /// capability tier first (`smartest`), measured time to first byte first, unmeasured last
-/// (`fastest`), or cheapest for a nominal request first (`budget`). Only the order changes.
+/// (`fastest`), or the largest budget left this period first, models without a budget after
+/// them cheapest first (`budget`: a model's deployments' budgets minus their spend). Only the
+/// order changes (seed 000): no entry is switched on or off, and every catalog model the chain
+/// does not name is written in after its own, switched as it was shown — off, or with
+/// `backfill` its model's own state. A list whose entries all stay on stays a list; otherwise
+/// the chain is written in its long form.
 async fn sort_chain(reloader: &Arc<Reloader>, name: &str, preset: &str) -> Response<Vec<u8>> {
+    if !matches!(preset, "smartest" | "fastest" | "budget") {
+        return error(
+            404,
+            "not_found",
+            "sort presets are smartest, fastest and budget",
+        );
+    }
     let loaded = reloader.current();
     let Some(chain) = loaded
         .config
@@ -230,18 +242,38 @@ async fn sort_chain(reloader: &Arc<Reloader>, name: &str, preset: &str) -> Respo
     else {
         return error(404, "not_found", &format!("no chain named {name:?}"));
     };
-    let Some(entries) = loaded
+    let Some(written) = loaded
         .doc
         .get("chains")
         .and_then(|c| c.get(chain.name.as_str()))
-        .and_then(serde_yaml::Value::as_sequence)
+        .and_then(|c| c.get("models").unwrap_or(c).as_sequence())
         .cloned()
     else {
         return error(404, "not_found", &format!("no chain named {name:?}"));
     };
+    let models = &loaded.config.models;
+    // Each entry as (model, switched on, the name written): the chain's own, then the rest.
+    let mut order: Vec<(usize, bool, String)> = chain
+        .entries
+        .iter()
+        .zip(&written)
+        .map(|(&(m, on), v)| {
+            let name = v
+                .as_str()
+                .or_else(|| v.get("model").and_then(serde_yaml::Value::as_str))
+                .map_or_else(|| models[m].name.clone(), str::to_string);
+            (m, on, name)
+        })
+        .collect();
+    for (m, model) in models.iter().enumerate() {
+        if !chain.entries.iter().any(|(e, _)| *e == m) {
+            order.push((m, chain.backfill && model.enabled, model.name.clone()));
+        }
+    }
     let tables = reloader.router().snapshot.load_full();
-    let key = |model: usize| -> (f64, f64) {
-        let m = &loaded.config.models[model];
+    let now = tables.health.now_ms();
+    let key = |model: usize| -> (f64, f64, f64) {
+        let m = &models[model];
         let deployments: Vec<_> = tables
             .catalog
             .models
@@ -249,9 +281,21 @@ async fn sort_chain(reloader: &Arc<Reloader>, name: &str, preset: &str) -> Respo
             .find(|cm| *cm.name == m.name)
             .map(|cm| cm.deployments.clone())
             .unwrap_or_default();
-        let now = tables.health.now_ms();
+        #[allow(clippy::cast_precision_loss)]
+        let cost = || {
+            deployments
+                .iter()
+                .map(|d| {
+                    crate::routing::scoring::cost_micro(
+                        tables.catalog.deployment(*d),
+                        crate::routing::scoring::NOMINAL_INPUT_TOKENS,
+                        crate::routing::scoring::NOMINAL_OUTPUT_TOKENS,
+                    ) as f64
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
         match preset {
-            "smartest" => (-f64::from(m.capability), 0.0),
+            "smartest" => (-f64::from(m.capability), 0.0, 0.0),
             "fastest" => {
                 let ttfb = deployments
                     .iter()
@@ -262,39 +306,51 @@ async fn sort_chain(reloader: &Arc<Reloader>, name: &str, preset: &str) -> Respo
                             .ttfb_ms
                     })
                     .fold(f64::INFINITY, f64::min);
-                (ttfb, -f64::from(m.capability))
+                (ttfb, -f64::from(m.capability), 0.0)
             }
             _ => {
-                #[allow(clippy::cast_precision_loss)]
-                let cost = deployments
+                let now_s = now / 1000;
+                let budgets: Vec<f64> = deployments
                     .iter()
-                    .map(|d| {
-                        crate::routing::scoring::cost_micro(
-                            tables.catalog.deployment(*d),
-                            crate::routing::scoring::NOMINAL_INPUT_TOKENS,
-                            crate::routing::scoring::NOMINAL_OUTPUT_TOKENS,
-                        ) as f64
-                    })
-                    .fold(f64::INFINITY, f64::min);
-                (cost, -f64::from(m.capability))
+                    .map(|d| tables.catalog.deployment(*d))
+                    .filter_map(|d| Some(d.spend.remaining_usd(d.budget.as_ref()?, now_s)))
+                    .collect();
+                if budgets.is_empty() {
+                    (1.0, cost(), -f64::from(m.capability))
+                } else {
+                    (0.0, -budgets.iter().sum::<f64>(), -f64::from(m.capability))
+                }
             }
         }
     };
-    if !matches!(preset, "smartest" | "fastest" | "budget") {
-        return error(
-            404,
-            "not_found",
-            "sort presets are smartest, fastest and budget",
-        );
-    }
-    let mut order: Vec<(usize, serde_yaml::Value)> =
-        chain.models.iter().copied().zip(entries).collect();
     // Stable: equal keys keep the chain's order.
-    order.sort_by(|(a, _), (b, _)| {
+    order.sort_by(|(a, ..), (b, ..)| {
         let (ka, kb) = (key(*a), key(*b));
-        ka.0.total_cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
+        ka.0.total_cmp(&kb.0)
+            .then(ka.1.total_cmp(&kb.1))
+            .then(ka.2.total_cmp(&kb.2))
     });
-    let sorted = serde_yaml::Value::Sequence(order.into_iter().map(|(_, v)| v).collect());
+    let entry = |(_, on, name): (usize, bool, String)| {
+        if on {
+            serde_yaml::Value::from(name)
+        } else {
+            let mut m = serde_yaml::Mapping::new();
+            m.insert("model".into(), name.into());
+            m.insert("enabled".into(), false.into());
+            serde_yaml::Value::Mapping(m)
+        }
+    };
+    let sorted = if !chain.long && order.iter().all(|(_, on, _)| *on) {
+        serde_yaml::Value::Sequence(order.into_iter().map(entry).collect())
+    } else {
+        let mut long = serde_yaml::Mapping::new();
+        long.insert(
+            "models".into(),
+            serde_yaml::Value::Sequence(order.into_iter().map(entry).collect()),
+        );
+        long.insert("backfill".into(), chain.backfill.into());
+        serde_yaml::Value::Mapping(long)
+    };
     let path = vec!["chains".to_string(), chain.name.clone()];
     let r = reloader.clone();
     let outcome = run(move || r.edit(move |doc| set(doc, &path, sorted))).await;

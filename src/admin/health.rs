@@ -1,4 +1,5 @@
-//! `GET /admin/health`: every target with its state, counters and EWMAs, every credential's
+//! `GET /admin/health`: every provider's and model's derived state (healthy, degraded,
+//! unhealthy, disabled), every target with its state, counters and EWMAs, every credential's
 //! cooldown, and degraded mode. A read of the registry's atomics; nothing is locked.
 
 use std::sync::atomic::Ordering;
@@ -80,9 +81,24 @@ pub fn render(router: &Runtime) -> Value {
             }));
         }
     }
+    let (provider_states, model_states) = crate::health::derived::derived_states(catalog, reg, now);
+    let providers: Vec<Value> = catalog
+        .providers
+        .iter()
+        .zip(&provider_states)
+        .map(|(p, s)| json!({ "provider": &*p.id, "state": s.as_str() }))
+        .collect();
+    let models: Vec<Value> = catalog
+        .models
+        .iter()
+        .zip(&model_states)
+        .map(|(m, s)| json!({ "model": &*m.name, "state": s.as_str() }))
+        .collect();
     let degraded = reg.degraded();
     let rankings = router.rankings.load();
     json!({
+        "providers": providers,
+        "models": models,
         "degraded": {
             "active": degraded.is_degraded(),
             "since": degraded.since_ms().map(|s| {

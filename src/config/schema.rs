@@ -24,8 +24,9 @@ pub struct ConfigFile {
     pub models: BTreeMap<String, ModelSection>,
     #[serde(default)]
     pub aliases: BTreeMap<String, String>,
+    /// Named chains: a list of models, or the long form with switches and backfill (seed 000).
     #[serde(default)]
-    pub chains: BTreeMap<String, Vec<String>>,
+    pub chains: BTreeMap<String, ListOr<ChainEntrySection, ChainSection>>,
     #[serde(default)]
     pub active_chain: Option<String>,
     #[serde(default)]
@@ -41,9 +42,10 @@ pub struct ConfigFile {
     /// Named routing policies, callable as a model name, by `x-llm-route` or `routing.policy`.
     #[serde(default)]
     pub policies: BTreeMap<String, PolicySection>,
-    /// Conditional rules consulted when a request names `auto`, in the order written.
+    /// Conditional rules consulted when a request names `auto`, in the order written: a list,
+    /// or the rule set's long form with its switches (seed 000).
     #[serde(default)]
-    pub rules: Vec<RuleSection>,
+    pub rules: ListOr<RuleSection, RuleSetSection>,
     /// Who may use the admin API.
     #[serde(default)]
     pub admin: AdminSection,
@@ -174,17 +176,26 @@ pub struct BudgetSection {
 }
 
 /// What signalbox adds to response bodies (`response`).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResponseSection {
     /// A top-level `provider` (the serving provider's id) beside `model` in every response
-    /// object and stream chunk.
-    #[serde(default)]
+    /// object and stream chunk: on by default (seed 002).
+    #[serde(default = "default_provider_field")]
     pub provider_field: bool,
     /// Globs of provider response headers relayed to the caller (everything else of the
     /// provider's is dropped but framing and `content-type`).
     #[serde(default)]
     pub pass_headers: Vec<String>,
+}
+
+impl Default for ResponseSection {
+    fn default() -> Self {
+        Self {
+            provider_field: default_provider_field(),
+            pass_headers: Vec::new(),
+        }
+    }
 }
 
 /// What of the caller's request travels to the provider (`request`).
@@ -502,6 +513,10 @@ impl Default for DegradedSection {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RoutingSection {
+    /// `false` turns policy resolution off (by name, `x-llm-route` and `routing.policy`) while
+    /// the policies stay validated (seed 004).
+    #[serde(default = "default_routing_enabled")]
+    pub enabled: bool,
     /// How often the ranker rebuilds the scored tables (also on every breaker transition).
     #[serde(default = "default_rank_interval")]
     pub rank_interval: String,
@@ -519,6 +534,7 @@ pub struct RoutingSection {
 impl Default for RoutingSection {
     fn default() -> Self {
         Self {
+            enabled: default_routing_enabled(),
             rank_interval: default_rank_interval(),
             session_ttl: default_session_ttl(),
             prefix_bytes: default_prefix_bytes(),
@@ -690,6 +706,117 @@ pub struct RuleSection {
     pub then: String,
 }
 
+/// A chain in its long form (`chains.<name>`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChainSection {
+    #[serde(default)]
+    pub models: Vec<ChainEntrySection>,
+    /// Append every catalog model the chain does not name, after its own, in catalog order.
+    #[serde(default)]
+    pub backfill: bool,
+}
+
+/// One model of a chain: its name, or `{model, enabled}`.
+#[derive(Debug)]
+pub struct ChainEntrySection {
+    pub model: String,
+    pub enabled: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChainEntryLong {
+    model: String,
+    #[serde(default = "default_chain_entry_enabled")]
+    enabled: bool,
+}
+
+impl<'de> Deserialize<'de> for ChainEntrySection {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Entry;
+        impl<'de> serde::de::Visitor<'de> for Entry {
+            type Value = ChainEntrySection;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a model name, or { model, enabled }")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(ChainEntrySection {
+                    model: v.to_string(),
+                    enabled: true,
+                })
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let e =
+                    ChainEntryLong::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(ChainEntrySection {
+                    model: e.model,
+                    enabled: e.enabled,
+                })
+            }
+        }
+        d.deserialize_any(Entry)
+    }
+}
+
+/// `rules` in its long form: the switches of the rule set (seed 000).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleSetSection {
+    /// `false`: the rules (and `default`) stay validated but are never consulted.
+    #[serde(default = "default_rules_enabled")]
+    pub enabled: bool,
+    /// Where a bare `auto` goes when no rule holds (`auto:<chain>`, `auto:<axis>` or a
+    /// policy); `null`: the active chain.
+    #[serde(default)]
+    pub default: Option<String>,
+    #[serde(default)]
+    pub rules: Vec<RuleSection>,
+}
+
+/// A section written either as a list (its short form) or as a map (its long form). Read by
+/// hand rather than as an untagged enum, so an error inside either form keeps its key path.
+#[derive(Debug)]
+pub enum ListOr<T, L> {
+    List(Vec<T>),
+    Long(L),
+}
+
+impl<T, L> Default for ListOr<T, L> {
+    fn default() -> Self {
+        ListOr::List(Vec::new())
+    }
+}
+
+impl<'de, T: Deserialize<'de>, L: Deserialize<'de>> Deserialize<'de> for ListOr<T, L> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Form<T, L>(std::marker::PhantomData<(T, L)>);
+        impl<'de, T: Deserialize<'de>, L: Deserialize<'de>> serde::de::Visitor<'de> for Form<T, L> {
+            type Value = ListOr<T, L>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list, or a map (the long form)")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                Vec::<T>::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+                    .map(ListOr::List)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                L::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(ListOr::Long)
+            }
+        }
+        d.deserialize_any(Form(std::marker::PhantomData))
+    }
+}
+
 /// Deserialize a present value as `Some` even when it is `null`.
 fn raw_present<'de, D>(d: D) -> Result<Option<serde_yaml::Value>, D::Error>
 where
@@ -768,6 +895,22 @@ pub fn default_cooldown() -> String {
 pub fn default_max_ejection() -> String {
     defaults::duration_text(defaults::MAX_EJECTION)
 }
+pub fn default_chain_entry_enabled() -> bool {
+    true
+}
+
+pub fn default_rules_enabled() -> bool {
+    true
+}
+
+pub fn default_provider_field() -> bool {
+    true
+}
+
+pub fn default_routing_enabled() -> bool {
+    true
+}
+
 pub fn default_restore_health() -> f64 {
     defaults::RESTORE_HEALTH
 }

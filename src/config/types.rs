@@ -29,6 +29,10 @@ pub struct Config {
     pub policies: Vec<PolicyConfig>,
     /// Conditional rules for `auto` (`rules`), in the order written.
     pub rules: Vec<RuleConfig>,
+    /// The rule set's switches (its long form): off, the rules are validated but unused.
+    pub rules_enabled: bool,
+    /// Where a bare `auto` goes when no rule holds; `None`: the active chain.
+    pub rules_default: Option<RuleTarget>,
     /// Who may use the admin API.
     pub admin: AdminConfig,
     pub failover: Failover,
@@ -143,12 +147,22 @@ pub struct ClientKeyConfig {
 }
 
 /// What signalbox adds to response bodies (the `response` section).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ResponseConfig {
-    /// `provider_field`: a top-level `provider` beside `model` in every object and chunk.
+    /// `provider_field`: a top-level `provider` beside `model` in every object and chunk (on
+    /// unless switched off).
     pub provider_field: bool,
     /// `pass_headers`: the provider response headers relayed to the caller.
     pub pass_headers: HeaderGlobs,
+}
+
+impl Default for ResponseConfig {
+    fn default() -> Self {
+        Self {
+            provider_field: true,
+            pass_headers: HeaderGlobs::default(),
+        }
+    }
 }
 
 /// What of the caller's request reaches the provider (the `request` section).
@@ -269,6 +283,8 @@ impl Default for DegradedPolicy {
 /// Knobs of the ranking strategies (the `routing` section).
 #[derive(Debug, Clone, Copy)]
 pub struct RoutingKnobs {
+    /// Policies are resolved (`routing.enabled`).
+    pub policies: bool,
     pub rank_interval: Duration,
     pub session_ttl: Duration,
     pub prefix_bytes: usize,
@@ -278,6 +294,7 @@ pub struct RoutingKnobs {
 impl Default for RoutingKnobs {
     fn default() -> Self {
         Self {
+            policies: true,
             rank_interval: defaults::RANK_INTERVAL,
             session_ttl: defaults::SESSION_TTL,
             prefix_bytes: defaults::PREFIX_BYTES,
@@ -447,7 +464,15 @@ pub struct AliasConfig {
 #[derive(Debug, Clone)]
 pub struct ChainConfig {
     pub name: String,
+    /// The models tried, in order: the entries switched on, then (with `backfill`) every
+    /// catalog model the chain does not name, in catalog order. A model switched off in the
+    /// catalog is left out by the routes, as everywhere.
     pub models: Vec<usize>,
+    /// The entries as written, each with its switch.
+    pub entries: Vec<(usize, bool)>,
+    pub backfill: bool,
+    /// Written in the long form (`{models, backfill}`) rather than as a list.
+    pub long: bool,
 }
 
 #[derive(Debug, Clone, Copy)]

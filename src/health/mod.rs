@@ -34,6 +34,7 @@
 pub mod breaker;
 pub mod clock;
 pub mod degraded;
+pub mod derived;
 pub mod probe;
 pub mod stats;
 

@@ -9,6 +9,8 @@
 //! - `signalbox_benchings_total{provider}`.
 //! - `signalbox_probes_total{result}`: `ok` or `failed`.
 //! - `signalbox_degraded`, `signalbox_healthy_provider_ratio`.
+//! - `signalbox_providers{state}`, `signalbox_models{state}`: how many are in each derived
+//!   state (`healthy`, `degraded`, `unhealthy`, `disabled`; every state always exported).
 //!
 //! Labels are config names (provider ids, upstream model names, credential ids), bounded by
 //! the config.
@@ -20,6 +22,7 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 
 use crate::health::breaker::{BreakerState, FULL_HEALTH};
+use crate::health::derived::{derived_states, DerivedState};
 use crate::health::probe::{HealthSource, ProbeCounters};
 use crate::health::{Admission, Unavailable};
 
@@ -68,7 +71,20 @@ const HEALTHY_RATIO: Family = Family {
     labels: &[],
 };
 
-const FAMILIES: [&Family; 7] = [
+const PROVIDER_STATES: Family = Family {
+    name: "signalbox_providers",
+    help: "Providers in each derived state (healthy, degraded, unhealthy, disabled).",
+    labels: &["state"],
+};
+const MODEL_STATES: Family = Family {
+    name: "signalbox_models",
+    help: "Models in each derived state (healthy, degraded, unhealthy, disabled).",
+    labels: &["state"],
+};
+
+const FAMILIES: [&Family; 9] = [
+    &PROVIDER_STATES,
+    &MODEL_STATES,
     &BREAKER_STATE,
     &TARGET_HEALTH,
     &EJECTIONS,
@@ -214,7 +230,23 @@ impl Collector for HealthCollector {
         ];
         let degraded = reg.degraded();
         let active = if degraded.is_degraded() { 1.0 } else { 0.0 };
+        let (provider_states, model_states) = derived_states(&catalog, &reg, now);
+        #[allow(clippy::cast_precision_loss)]
+        let per_state = |f: &Family, states: &[DerivedState]| {
+            let metrics = DerivedState::ALL
+                .iter()
+                .map(|s| {
+                    f.gauge(
+                        &[s.as_str()],
+                        states.iter().filter(|x| *x == s).count() as f64,
+                    )
+                })
+                .collect();
+            f.family(MetricType::GAUGE, metrics)
+        };
         vec![
+            per_state(&PROVIDER_STATES, &provider_states),
+            per_state(&MODEL_STATES, &model_states),
             BREAKER_STATE.family(MetricType::GAUGE, states),
             TARGET_HEALTH.family(MetricType::GAUGE, healths),
             EJECTIONS.family(MetricType::COUNTER, ejections),

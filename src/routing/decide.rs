@@ -8,8 +8,9 @@
 //! draw seeded by the request, its complexity tier, or its one order; `x-llm-router: off`
 //! takes the targets in the order written. `routing.strategy` re-ranks the chosen route's
 //! candidates for this request (each policy segment on its own, so a policy's target order
-//! stands); `smart` is taken as `balanced`. `routing.providers` narrows the candidates and,
-//! under `priority`, breaks ties in its own order.
+//! stands); `smart` is taken as `priority_cheapest` (seed 002). `routing.providers` narrows
+//! the candidates and, under `priority`, breaks ties in its own order. `routing.enabled:
+//! false` makes every policy name name nothing.
 //!
 //! Everything here is a pure function of the snapshot and the request. What the proxy then
 //! applies — a route's round-robin turn, claimed probe slots — stays with the proxy.
@@ -229,7 +230,7 @@ pub struct Routed {
     pub strategy: Strategy,
     /// The request asked for a strategy of its own (ranked now, not from the tables).
     pub strategy_override: bool,
-    /// The request asked for `smart`, taken as `balanced`.
+    /// The request asked for `smart`, taken as `priority_cheapest`.
     pub smart_fallback: bool,
     /// `routing.providers`, resolved.
     pub providers: Option<Vec<ProviderIdx>>,
@@ -242,6 +243,10 @@ pub enum DecideError {
     Resolve(ResolveError),
     /// `routing.policy` or `x-llm-route` names no policy (`header` says which).
     NoSuchPolicy {
+        header: bool,
+    },
+    /// `routing.policy` or `x-llm-route` names a policy while `routing.enabled` is `false`.
+    PoliciesOff {
         header: bool,
     },
     UnknownStrategy,
@@ -273,6 +278,11 @@ pub fn route(tables: &RouteTable, steering: &Steering<'_>) -> Result<Routed, Dec
         ),
         (None, None) => None,
     };
+    if named_policy.is_some() && !tables.routing.policies {
+        return Err(DecideError::PoliciesOff {
+            header: overrides.and_then(|r| r.policy.as_deref()).is_none(),
+        });
+    }
     let (route, adhoc, via) = match named_policy {
         Some(p) => policy_route(tables, p, &facts, steering, None),
         None => match resolve_with_rules(tables, &model, &facts)? {
@@ -285,7 +295,7 @@ pub fn route(tables: &RouteTable, steering: &Steering<'_>) -> Result<Routed, Dec
     let (strategy, strategy_override, smart_fallback) =
         match overrides.and_then(|r| r.strategy.as_deref()) {
             None => (base, false, false),
-            Some("smart") => (Strategy::Balanced, true, true),
+            Some("smart") => (Strategy::PriorityCheapest, true, true),
             Some(name) => (
                 Strategy::parse(name).ok_or(DecideError::UnknownStrategy)?,
                 true,
@@ -505,6 +515,17 @@ impl DecideError {
                 "`routing.policy`: no policy named {:?}",
                 truncate(routing.and_then(|r| r.policy.as_deref()).unwrap_or(""))
             )),
+            DecideError::PoliciesOff { header } => GatewayError::new(
+                ErrorCode::ModelNotFound,
+                format!(
+                    "{}: policies are switched off (`routing.enabled: false`)",
+                    if header {
+                        "`x-llm-route`"
+                    } else {
+                        "`routing.policy`"
+                    }
+                ),
+            ),
             DecideError::UnknownStrategy => invalid(format!(
                 "`routing.strategy`: unknown strategy {:?}",
                 truncate(routing.and_then(|r| r.strategy.as_deref()).unwrap_or(""))

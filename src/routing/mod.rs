@@ -81,6 +81,10 @@ pub fn resolve(t: &RouteTable, model: &str) -> Result<Resolution, ResolveError> 
         return non_empty(t, r, ResolveError::ModelDisabled);
     }
     if let Some(p) = t.policy_by_name(lower) {
+        // `routing.enabled: false`: a policy's name names nothing.
+        if !t.routing.policies {
+            return Err(ResolveError::ModelNotFound);
+        }
         return Ok(Resolution::Policy(p));
     }
     if lower == "auto" {

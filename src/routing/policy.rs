@@ -334,33 +334,47 @@ fn compile_router(b: &mut Builder<'_>, p: &PolicyConfig, router: &RouterConfig) 
     }
 }
 
-/// Compile every rule to where it sends a request.
+/// Compile every rule to where it sends a request. A rule set switched off compiles to no
+/// rules; its `default` becomes a last rule that always holds (`rule:default`), so the request
+/// path has one walk and explain, the headers and the metrics one vocabulary.
 pub(super) fn compile_rules(
     config: &Config,
     chains: &[RouteIdx],
     axes: &HashMap<&'static str, RouteIdx>,
     policies: &[PolicyTable],
 ) -> Vec<RuleTable> {
-    config
+    if !config.rules_enabled {
+        return Vec::new();
+    }
+    let dest = |then: &RuleTarget| match then {
+        RuleTarget::Chain(c) => Some(RuleDest::Route(*chains.get(*c)?)),
+        RuleTarget::Axis(a) => Some(RuleDest::Route(*axes.get(a.as_str())?)),
+        // With `routing.enabled: false` a rule to a policy leads nowhere: `auto` goes on to
+        // the next rule, as if this one did not hold.
+        RuleTarget::Policy(_) if !config.routing.policies => None,
+        RuleTarget::Policy(p) => Some(RuleDest::Policy(policies.get(*p)?.idx)),
+    };
+    let table = |label: String, when: Condition, dest: RuleDest| {
+        let label: Arc<str> = Arc::from(label);
+        let header = HeaderValue::from_str(&label).ok()?;
+        Some(RuleTable {
+            when,
+            dest,
+            label,
+            header,
+        })
+    };
+    let rules = config
         .rules
         .iter()
         .enumerate()
-        .filter_map(|(n, r)| {
-            let dest = match &r.then {
-                RuleTarget::Chain(c) => RuleDest::Route(*chains.get(*c)?),
-                RuleTarget::Axis(a) => RuleDest::Route(*axes.get(a.as_str())?),
-                RuleTarget::Policy(p) => RuleDest::Policy(policies.get(*p)?.idx),
-            };
-            let label: Arc<str> = Arc::from(format!("rule:{n}"));
-            let header = HeaderValue::from_str(&label).ok()?;
-            Some(RuleTable {
-                when: r.when.clone(),
-                dest,
-                label,
-                header,
-            })
-        })
-        .collect()
+        .filter_map(|(n, r)| table(format!("rule:{n}"), r.when.clone(), dest(&r.then)?));
+    let default = config
+        .rules_default
+        .as_ref()
+        .and_then(dest)
+        .and_then(|d| table("rule:default".into(), Condition::All(Vec::new()), d));
+    rules.chain(default).collect()
 }
 
 #[cfg(test)]

@@ -249,8 +249,11 @@ impl RouteTable {
         if self.active_chain.is_some() {
             out.push(Arc::from("auto"));
         }
-        for p in &self.policies {
-            out.push(p.name.clone());
+        // Policies are callable names only while `routing.enabled` holds.
+        if self.routing.policies {
+            for p in &self.policies {
+                out.push(p.name.clone());
+            }
         }
         out
     }

@@ -15,12 +15,18 @@ use crate::config::types::BENCH_AFTER_CEILING;
 pub(super) fn validate_health(h: &HealthSection, errs: &mut Vec<ConfigError>) -> HealthPolicy {
     // `failure_threshold` takes any value: 0 switches the breaker off.
     let unit = |v: f64| v.is_finite() && (0.0..=1.0).contains(&v);
-    if !unit(h.restore_health) || h.restore_health == 0.0 {
+    // `restore_health: 0` means the default (seed 003), as an unset value would.
+    if !unit(h.restore_health) {
         errs.push(ConfigError::new(
             "health.restore_health",
-            "must be greater than 0 and at most 1",
+            "must be between 0 (the default, 0.5) and 1",
         ));
     }
+    let restore_health = if h.restore_health == 0.0 {
+        defaults::RESTORE_HEALTH
+    } else {
+        h.restore_health
+    };
     if !unit(h.health_threshold) {
         errs.push(ConfigError::new(
             "health.health_threshold",
@@ -46,7 +52,7 @@ pub(super) fn validate_health(h: &HealthSection, errs: &mut Vec<ConfigError>) ->
         failure_threshold: h.failure_threshold,
         cooldown: positive_duration(&h.cooldown, "health.cooldown", errs),
         max_ejection: (!max_ejection.is_zero()).then_some(max_ejection),
-        restore_health: h.restore_health.clamp(0.001, 1.0),
+        restore_health: restore_health.clamp(0.001, 1.0),
         health_threshold: h.health_threshold.clamp(0.0, 1.0),
         respect_retry_after: h.respect_retry_after,
         probe_interval: positive_duration(&h.probe_interval, "health.probe_interval", errs),

@@ -81,12 +81,12 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
     let mut names = names::Namespace::default();
     let models = models::validate_models(&file.models, &providers, &mut names, &mut errs);
     let aliases = names::validate_aliases(&file.aliases, &mut names, &mut errs);
-    let chains = names::validate_chains(&file.chains, &mut names, &mut errs);
+    let chains = names::validate_chains(&file.chains, &models, &mut names, &mut errs);
     let active_chain =
         names::validate_active_chain(file.active_chain.as_deref(), &chains, &mut errs);
     let policies =
         policies::validate_policies(&file.policies, &models, &failover, &mut names, &mut errs);
-    let rules = rules::validate_rules(&file.rules, &chains, &names, &mut errs);
+    let rules = rules::validate_rule_set(&file.rules, &chains, &names, &mut errs);
 
     server::validate_pingora(&file.pingora, &mut errs);
     let health = health::validate_health(&file.health, &mut errs);
@@ -134,7 +134,9 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
         chains,
         active_chain,
         policies,
-        rules,
+        rules: rules.rules,
+        rules_enabled: rules.enabled,
+        rules_default: rules.default,
         admin,
         failover,
         limits,

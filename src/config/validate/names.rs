@@ -6,7 +6,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::config::types::{AliasConfig, ChainConfig};
+use crate::config::schema::{ChainEntrySection, ChainSection, ListOr};
+use crate::config::types::{AliasConfig, ChainConfig, ModelConfig};
 use crate::config::values::{check_catalog_name, check_chain_name, check_policy_name};
 use crate::config::ConfigError;
 
@@ -148,39 +149,66 @@ pub(super) fn validate_aliases(
 }
 
 pub(super) fn validate_chains(
-    file: &BTreeMap<String, Vec<String>>,
+    file: &BTreeMap<String, ListOr<ChainEntrySection, ChainSection>>,
+    models: &[ModelConfig],
     names: &mut Namespace,
     errs: &mut Vec<ConfigError>,
 ) -> Vec<ChainConfig> {
     let mut chains: Vec<ChainConfig> = Vec::with_capacity(file.len());
-    for (name, entries) in file {
-        let path = format!("chains.{name}");
+    for (name, form) in file {
+        let (entries, backfill, long, path) = match form {
+            ListOr::List(list) => (&list[..], false, false, format!("chains.{name}")),
+            ListOr::Long(c) => (
+                &c.models[..],
+                c.backfill,
+                true,
+                format!("chains.{name}.models"),
+            ),
+        };
+        let chain_path = format!("chains.{name}");
+        check_chain_name(name, &chain_path, errs);
         check_chain_name(name, &path, errs);
         if chains.iter().any(|c| c.name.eq_ignore_ascii_case(name)) {
             errs.push(ConfigError::new(
-                &path,
+                &chain_path,
                 "another chain has the same name (names are case-insensitive)",
             ));
         } else {
-            names.chains.insert(name.to_ascii_lowercase(), path.clone());
+            names
+                .chains
+                .insert(name.to_ascii_lowercase(), chain_path.clone());
         }
-        let mut resolved = Vec::with_capacity(entries.len());
+        let mut resolved: Vec<(usize, bool)> = Vec::with_capacity(entries.len());
         for (i, entry) in entries.iter().enumerate() {
-            match names.resolve(entry) {
-                Some(m) if resolved.contains(&m) => errs.push(ConfigError::new(
+            let model = &entry.model;
+            match names.resolve(model) {
+                Some(m) if resolved.iter().any(|(r, _)| *r == m) => errs.push(ConfigError::new(
                     format!("{path}[{i}]"),
-                    format!("{entry:?} is already in this chain"),
+                    format!("{model:?} is already in this chain"),
                 )),
-                Some(m) => resolved.push(m),
+                Some(m) => resolved.push((m, entry.enabled)),
                 None => errs.push(ConfigError::new(
                     format!("{path}[{i}]"),
-                    format!("{entry:?} is not a model or alias"),
+                    format!("{model:?} is not a model or alias"),
                 )),
             }
         }
+        let mut tried: Vec<usize> = resolved
+            .iter()
+            .filter(|(_, on)| *on)
+            .map(|(m, _)| *m)
+            .collect();
+        if backfill {
+            // Catalog order; each backfilled model keeps its own switch (the routes leave out
+            // a model switched off).
+            tried.extend((0..models.len()).filter(|m| !resolved.iter().any(|(r, _)| r == m)));
+        }
         chains.push(ChainConfig {
             name: name.clone(),
-            models: resolved,
+            models: tried,
+            entries: resolved,
+            backfill,
+            long,
         });
     }
     chains

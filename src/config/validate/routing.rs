@@ -1,5 +1,6 @@
-//! `routing`: the knobs of the ranking strategies (how often scored tables are rebuilt,
-//! sticky sessions, prefix affinity, the `custom` blend).
+//! `routing`: whether policies are resolved at all (`enabled`), and the knobs of the ranking
+//! strategies (how often scored tables are rebuilt, sticky sessions, prefix affinity, the
+//! `custom` blend).
 
 use std::time::Duration;
 
@@ -45,6 +46,7 @@ pub(super) fn validate_routing(r: &RoutingSection, errs: &mut Vec<ConfigError>) 
         }
     };
     RoutingKnobs {
+        policies: r.enabled,
         rank_interval,
         session_ttl: positive_duration(&r.session_ttl, "routing.session_ttl", errs),
         prefix_bytes: r.prefix_bytes.max(1),

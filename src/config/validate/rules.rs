@@ -1,31 +1,64 @@
 //! `rules`: conditional rules consulted, in the order written, when a request names `auto`.
 //! Each holds a condition (`when`, compiled here) and a target (`then`): a chain as
-//! `auto:<chain>`, an axis as `auto:<axis>`, or a policy name. At most [`MAX_RULES`].
+//! `auto:<chain>`, an axis as `auto:<axis>`, or a policy name. At most [`MAX_RULES`]. Written
+//! as a list, or as the rule set's long form `{enabled, default, rules}` (seed 000): a set
+//! switched off is validated all the same.
 
 use super::names::Namespace;
 use crate::config::compile::compile_condition;
 use crate::config::condition::MAX_RULES;
-use crate::config::schema::RuleSection;
+use crate::config::schema::{ListOr, RuleSection, RuleSetSection};
 use crate::config::types::{ChainConfig, RuleConfig, RuleTarget};
 use crate::config::values::AXIS_NAMES;
 use crate::config::ConfigError;
 
-pub(super) fn validate_rules(
+/// The validated rule set.
+pub(super) struct RuleSet {
+    pub rules: Vec<RuleConfig>,
+    pub enabled: bool,
+    pub default: Option<RuleTarget>,
+}
+
+pub(super) fn validate_rule_set(
+    file: &ListOr<RuleSection, RuleSetSection>,
+    chains: &[ChainConfig],
+    names: &Namespace,
+    errs: &mut Vec<ConfigError>,
+) -> RuleSet {
+    match file {
+        ListOr::List(list) => RuleSet {
+            rules: validate_rules(list, "rules", chains, names, errs),
+            enabled: true,
+            default: None,
+        },
+        ListOr::Long(set) => RuleSet {
+            rules: validate_rules(&set.rules, "rules.rules", chains, names, errs),
+            enabled: set.enabled,
+            default: set
+                .default
+                .as_deref()
+                .and_then(|d| rule_target(d, chains, names, "rules.default", errs)),
+        },
+    }
+}
+
+fn validate_rules(
     file: &[RuleSection],
+    at: &str,
     chains: &[ChainConfig],
     names: &Namespace,
     errs: &mut Vec<ConfigError>,
 ) -> Vec<RuleConfig> {
     if file.len() > MAX_RULES {
         errs.push(ConfigError::new(
-            "rules",
+            at,
             format!("{} rules; at most {MAX_RULES}", file.len()),
         ));
         return Vec::new();
     }
     let mut rules = Vec::with_capacity(file.len());
     for (i, rule) in file.iter().enumerate() {
-        let path = format!("rules[{i}]");
+        let path = format!("{at}[{i}]");
         let when = compile_condition(&rule.when, &format!("{path}.when"), errs);
         let then = rule_target(&rule.then, chains, names, &format!("{path}.then"), errs);
         if let (Some(when), Some(then)) = (when, then) {
@@ -198,6 +231,41 @@ rules:
             e[0].starts_with("rules[0].else: unknown field `else`"),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn the_long_form_carries_the_switches_and_its_errors_their_paths() {
+        let c = parse(&format!(
+            "{BASE}rules:\n  enabled: false\n  default: auto:premium\n  rules:\n    - {{ when: {{ params.stream: true }}, then: support }}\n"
+        ))
+        .expect("valid");
+        assert!(!c.rules_enabled);
+        assert_eq!(c.rules_default, Some(RuleTarget::Chain(1)));
+        assert_eq!(c.rules.len(), 1);
+        let c = parse(&format!("{BASE}rules: {{ default: null }}\n")).expect("valid");
+        assert!(c.rules_enabled && c.rules_default.is_none() && c.rules.is_empty());
+        // Switched off, still validated; the default is checked like any `then`.
+        let e = errors(
+            "rules:\n  enabled: false\n  default: fast\n  rules:\n    - { when: { params.stream: true }, then: auto:nowhere }\n",
+        );
+        assert!(
+            e.iter().any(|l| l.starts_with("rules.rules[0].then: ")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter()
+                .any(|l| l.starts_with("rules.default: ") && l.contains("is a model or alias")),
+            "{e:?}"
+        );
+        let e = errors("rules: { enabled: true, colour: red }\n");
+        assert!(e[0].starts_with("rules.colour: unknown field"), "{e:?}");
+        let e = errors("rules:\n  rules:\n    - { then: support }\n");
+        assert!(
+            e[0].starts_with("rules.rules[0]: missing field `when`"),
+            "{e:?}"
+        );
+        let e = errors("rules: 3\n");
+        assert!(e[0].starts_with("rules: "), "{e:?}");
     }
 
     #[test]

@@ -165,21 +165,27 @@ fn anthropic_type_for(status: u16) -> &'static str {
     }
 }
 
-/// `{"type":"error","error":{"type","message"}}` and nothing else, typed as Anthropic types
-/// `status`.
+/// `{"type":"error","error":{"type","message"}}` (and the `request_id` signalbox's own answers
+/// carry) and nothing else, typed as Anthropic types `status`.
 fn assert_anthropic_error_shape(v: &Value, status: u16) {
     assert_anthropic_error_envelope(v);
     assert_eq!(v["error"]["type"], anthropic_type_for(status), "{v}");
 }
 
-/// `{"type":"error","error":{"type","message"}}` and nothing else.
+/// `{"type":"error","error":{"type","message"}}`, with a `request_id` string or without, and
+/// nothing else.
 fn assert_anthropic_error_envelope(v: &Value) {
     assert_eq!(v["type"], "error", "{v}");
-    assert_eq!(
-        v.as_object().map(serde_json::Map::len),
-        Some(2),
-        "only `type` and `error`: {v}"
+    let keys: Vec<&str> = v
+        .as_object()
+        .map(|o| o.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    assert!(
+        keys.iter()
+            .all(|k| ["type", "error", "request_id"].contains(k)),
+        "only `type`, `error` and `request_id`: {v}"
     );
+    assert!(v.get("request_id").is_none_or(Value::is_string), "{v}");
     assert!(
         v["error"]["type"]
             .as_str()

@@ -336,3 +336,50 @@ async fn routing_providers_ignores_a_provider_that_does_not_serve_the_model() {
     expect_error(post_chat(&gw, &body).await, 400, "invalid_request").await;
     assert_eq!((a.calls(), b.calls(), c.calls()), (0, 1, 0));
 }
+
+/// A client's built-in model names (Claude Code's `claude-opus-4-8`, Codex's `gpt-5-codex`)
+/// reach the catalog through glob aliases; an exact name wins over a glob; the caller's name
+/// comes back in the body; `models.retrieve` of such a name answers.
+#[tokio::test(flavor = "multi_thread")]
+async fn glob_aliases_map_a_clients_own_model_names_and_exact_names_win() {
+    let a = mock("a").await;
+    let b = mock("b").await;
+    let gw = Gateway::start(format!(
+        "providers:\n{}{}models:\n  big: {{ deployments: [{{ provider: a, model: up-big }}] }}\n  small: {{ deployments: [{{ provider: b, model: up-small }}] }}\n  claude-opus-legacy: {{ deployments: [{{ provider: b, model: up-legacy }}] }}\nchains:\n  economy: [small]\naliases:\n  \"claude-opus-*\": big\n  \"gpt-5*\": \"auto:economy\"\n",
+        provider("a", &a),
+        provider("b", &b),
+    ));
+    let r = post_chat(&gw, &chat("claude-opus-4-8")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-llm-provider"), "a");
+    assert_eq!(header(&r, "x-llm-model"), "big");
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        v["model"], "claude-opus-4-8",
+        "the caller's name comes back"
+    );
+    assert_eq!(a.requests().pop().unwrap().model.as_deref(), Some("up-big"));
+
+    let r = post_chat(&gw, &chat("GPT-5-Codex")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-llm-route"), "chain:economy");
+    assert_eq!(header(&r, "x-llm-provider"), "b");
+
+    // An exact name the glob would match is the exact name's.
+    let r = post_chat(&gw, &chat("claude-opus-legacy")).await;
+    assert_eq!(header(&r, "x-llm-model"), "claude-opus-legacy");
+
+    // Nothing matches: still a 400.
+    let r = post_chat(&gw, &chat("claude-sonnet-4")).await;
+    expect_error(r, 400, "model_not_found").await;
+
+    let v: serde_json::Value = client()
+        .get(gw.url("/v1/models/claude-opus-4-8"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["id"], "claude-opus-4-8", "{v}");
+}

@@ -33,8 +33,8 @@ pub use defaults::PRIORITY as DEFAULT_PRIORITY;
 pub use types::{
     AdminConfig, AliasConfig, BaseUrl, BudgetConfig, BudgetPeriod, Capabilities, ChainConfig,
     ClientKeyConfig, ClientKeySource, Config, CredentialConfig, DegradedPolicy, DeploymentConfig,
-    Failover, HeaderGlobs, HealthPolicy, KeySource, LedgerConfig, LedgerStore, Limits, Listen,
-    LogConfig, LogFormat, ModelConfig, PolicyConfig, PolicyTarget, Price, ProviderConfig,
+    Failover, GlobAlias, HeaderGlobs, HealthPolicy, KeySource, LedgerConfig, LedgerStore, Limits,
+    Listen, LogConfig, LogFormat, ModelConfig, PolicyConfig, PolicyTarget, Price, ProviderConfig,
     ProviderKind, RequestConfig, ResponseConfig, RouterConfig, RoutingKnobs, RuleConfig,
     RuleTarget, Scheme, SelectEntry, StateConfig, Strategy, Weights,
 };

@@ -23,6 +23,8 @@ pub struct Config {
     pub providers: Vec<ProviderConfig>,
     pub models: Vec<ModelConfig>,
     pub aliases: Vec<AliasConfig>,
+    /// Glob aliases, in the order written (no two match one name).
+    pub glob_aliases: Vec<GlobAlias>,
     pub chains: Vec<ChainConfig>,
     pub active_chain: Option<usize>,
     /// Named routing policies (`policies`), in name order.
@@ -459,6 +461,14 @@ impl ModelConfig {
 pub struct AliasConfig {
     pub name: String,
     pub model: usize,
+}
+
+/// A glob alias (`claude-opus-*: smart`): a name no exact name claims that matches `pattern`
+/// is read as `target`, an exact name a caller could send (both lower-cased).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobAlias {
+    pub pattern: String,
+    pub target: String,
 }
 
 #[derive(Debug, Clone)]

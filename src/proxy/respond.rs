@@ -130,6 +130,13 @@ pub fn models_answer(
         ids.iter()
             .find(|n| n.eq_ignore_ascii_case(id))
             .cloned()
+            .or_else(|| {
+                // A client's own model name a glob alias maps to a visible name.
+                let target = snapshot.glob_alias(&id.to_ascii_lowercase())?;
+                ids.iter()
+                    .any(|n| n.eq_ignore_ascii_case(target))
+                    .then(|| std::sync::Arc::from(id))
+            })
             .ok_or_else(|| {
                 // A resource that is not there (DESIGN §6), not a request naming a bad model.
                 GatewayError::new(ErrorCode::ModelNotFound, "no such model is available")

@@ -76,7 +76,19 @@ pub fn resolve(t: &RouteTable, model: &str) -> Result<Resolution, ResolveError> 
     lower.make_ascii_lowercase();
     // Lower-casing ASCII bytes keeps UTF-8 valid.
     let lower = std::str::from_utf8(lower).map_err(|_| ResolveError::ModelNotFound)?;
+    match resolve_lower(t, model, lower) {
+        // No exact name: a glob alias may read it as another name (one step: a glob alias
+        // names an exact name, never another glob).
+        Err(ResolveError::ModelNotFound) => match t.glob_alias(lower) {
+            Some(target) => resolve_lower(t, target, target),
+            None => Err(ResolveError::ModelNotFound),
+        },
+        other => other,
+    }
+}
 
+/// [`resolve`] of exact names: `lower` is `model` lower-cased.
+fn resolve_lower(t: &RouteTable, model: &str, lower: &str) -> Result<Resolution, ResolveError> {
     if let Some(r) = t.by_name(lower) {
         return non_empty(t, r, ResolveError::ModelDisabled);
     }

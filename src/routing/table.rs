@@ -48,6 +48,9 @@ pub struct RouteTable {
     /// Compiled rules, in the order written.
     pub rules: Vec<RuleTable>,
     pub active_chain: Option<RouteIdx>,
+    /// Glob aliases (lower-cased pattern → target name), consulted only when no exact name
+    /// matches.
+    glob_aliases: Vec<crate::config::GlobAlias>,
     pub unresolved: RouteIdx,
     pub routing: RoutingKnobs,
 }
@@ -193,6 +196,7 @@ impl RouteTable {
             policy_names,
             rules,
             active_chain,
+            glob_aliases: config.glob_aliases.clone(),
             unresolved,
             routing: config.routing,
         }
@@ -223,6 +227,14 @@ impl RouteTable {
     }
 
     /// A policy by its lower-cased name.
+    /// The target of the glob alias `lower` matches, if any.
+    pub fn glob_alias(&self, lower: &str) -> Option<&str> {
+        self.glob_aliases
+            .iter()
+            .find(|g| crate::glob::matches(g.pattern.as_bytes(), lower.as_bytes()))
+            .map(|g| g.target.as_str())
+    }
+
     pub fn policy_by_name(&self, lower: &str) -> Option<PolicyIdx> {
         self.policy_names.get(lower).copied()
     }

@@ -87,6 +87,7 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
     let policies =
         policies::validate_policies(&file.policies, &models, &failover, &mut names, &mut errs);
     let rules = rules::validate_rule_set(&file.rules, &chains, &names, &mut errs);
+    let glob_aliases = names::validate_glob_aliases(&file.aliases, &names, &mut errs);
 
     server::validate_pingora(&file.pingora, &mut errs);
     let health = health::validate_health(&file.health, &mut errs);
@@ -131,6 +132,7 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
         providers: providers.list,
         models,
         aliases,
+        glob_aliases,
         chains,
         active_chain,
         policies,

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::config::schema::{ChainEntrySection, ChainSection, ListOr};
-use crate::config::types::{AliasConfig, ChainConfig, ModelConfig};
+use crate::config::types::{AliasConfig, ChainConfig, GlobAlias, ModelConfig};
 use crate::config::values::{check_catalog_name, check_chain_name, check_policy_name};
 use crate::config::ConfigError;
 
@@ -125,6 +125,10 @@ pub(super) fn validate_aliases(
 ) -> Vec<AliasConfig> {
     let mut aliases = Vec::with_capacity(file.len());
     for (name, target) in file {
+        if is_glob(name) {
+            // Checked once every name is known (`validate_glob_aliases`).
+            continue;
+        }
         let path = format!("aliases.{name}");
         check_catalog_name(name, &path, errs);
         names.claim(name, &path, errs);
@@ -146,6 +150,97 @@ pub(super) fn validate_aliases(
         names.aliases.insert(a.name.to_ascii_lowercase(), a.model);
     }
     aliases
+}
+
+/// A glob alias's name: `claude-opus-*`, `gpt-5?`.
+fn is_glob(name: &str) -> bool {
+    name.contains(['*', '?'])
+}
+
+/// The glob aliases (`claude-opus-*: smart`, `gpt-5*: auto:fast`): each names any exact name
+/// a caller may send — a model, an alias, `auto`, `auto:<chain>`, `auto:<axis>`, a policy —
+/// and no two may match one name (which would win would depend on the order they are read).
+/// Exact names always win over globs. Run once every name is known.
+pub(super) fn validate_glob_aliases(
+    file: &BTreeMap<String, String>,
+    names: &Namespace,
+    errs: &mut Vec<ConfigError>,
+) -> Vec<GlobAlias> {
+    let mut globs: Vec<GlobAlias> = Vec::new();
+    for (name, target) in file.iter().filter(|(n, _)| is_glob(n)) {
+        let path = format!("aliases.{name}");
+        let pattern = name.to_ascii_lowercase();
+        let plain = pattern
+            .bytes()
+            .all(|b| b == b'*' || b == b'?' || (b.is_ascii_graphic() && b != b'"'));
+        if !plain || pattern.bytes().all(|b| b == b'*' || b == b'?') {
+            errs.push(ConfigError::new(
+                &path,
+                "a glob alias is printable characters with `*` or `?` in them, and not only those",
+            ));
+            continue;
+        }
+        let t = target.to_ascii_lowercase();
+        let known = names.models.contains_key(&t)
+            || names.aliases.contains_key(&t)
+            || names.policies.contains_key(&t)
+            || t == "auto"
+            || t.strip_prefix("auto:").is_some_and(|rest| {
+                names.chains.contains_key(rest)
+                    || crate::config::AXIS_NAMES
+                        .iter()
+                        .any(|a| a.eq_ignore_ascii_case(rest))
+            });
+        if is_glob(&t) || !known {
+            errs.push(ConfigError::new(
+                &path,
+                format!(
+                    "glob alias target {target:?} is not a name callers can send (a model, an alias, `auto`, `auto:<chain>`, `auto:<axis>` or a policy)"
+                ),
+            ));
+            continue;
+        }
+        if let Some(other) = globs.iter().find(|g| globs_overlap(&g.pattern, &pattern)) {
+            errs.push(ConfigError::new(
+                &path,
+                format!(
+                    "overlaps the glob alias {:?}: a name could match both (make one of them narrower)",
+                    other.pattern
+                ),
+            ));
+            continue;
+        }
+        globs.push(GlobAlias { pattern, target: t });
+    }
+    globs
+}
+
+/// Whether some name matches both globs (`*` any run, `?` one character).
+fn globs_overlap(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    // meet[i][j]: the suffixes a[i..] and b[j..] share a match.
+    let mut meet = vec![vec![false; b.len() + 1]; a.len() + 1];
+    meet[a.len()][b.len()] = true;
+    for i in (0..=a.len()).rev() {
+        for j in (0..=b.len()).rev() {
+            if i == a.len() && j == b.len() {
+                continue;
+            }
+            let star_a = a.get(i) == Some(&b'*');
+            let star_b = b.get(j) == Some(&b'*');
+            meet[i][j] = if star_a {
+                meet[i + 1][j] || (j < b.len() && meet[i][j + 1])
+            } else if star_b {
+                meet[i][j + 1] || (i < a.len() && meet[i + 1][j])
+            } else if i < a.len() && j < b.len() {
+                let one = a[i] == b'?' || b[j] == b'?' || a[i] == b[j];
+                one && meet[i + 1][j + 1]
+            } else {
+                false
+            };
+        }
+    }
+    meet[0][0]
 }
 
 pub(super) fn validate_chains(
@@ -231,4 +326,66 @@ pub(super) fn validate_active_chain(
         ));
     }
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::globs_overlap;
+    use crate::config::parse;
+
+    const BASE: &str = "providers: { p: { kind: openai, base_url: \"http://127.0.0.1:1/v1\" } }\nmodels: { m: { deployments: [ { provider: p, model: m } ] }, n: { deployments: [ { provider: p, model: n } ] } }\nchains: { main: [m] }\n";
+
+    #[test]
+    fn two_globs_overlap_when_some_name_matches_both() {
+        for (a, b) in [
+            ("claude-*", "claude-opus-*"),
+            ("*-4", "gpt-*"),
+            ("gpt-5?", "gpt-5*"),
+            ("a*b", "*"),
+            ("x?z", "xy*"),
+        ] {
+            assert!(globs_overlap(a, b) && globs_overlap(b, a), "{a} {b}");
+        }
+        for (a, b) in [
+            ("claude-opus-*", "claude-sonnet-*"),
+            ("gpt-5?", "gpt-5??"),
+            ("a*", "b*"),
+            ("*a", "*b"),
+        ] {
+            assert!(!globs_overlap(a, b) && !globs_overlap(b, a), "{a} {b}");
+        }
+    }
+
+    #[test]
+    fn glob_aliases_name_any_exact_name_and_never_overlap() {
+        let c = parse(&format!(
+            "{BASE}aliases: {{ one: m, \"Claude-Opus-*\": n, \"gpt-5*\": \"auto:main\", \"o?-mini\": auto, \"x-*\": one }}\n"
+        ))
+        .expect("valid");
+        let pats: Vec<(&str, &str)> = c
+            .glob_aliases
+            .iter()
+            .map(|g| (g.pattern.as_str(), g.target.as_str()))
+            .collect();
+        assert!(pats.contains(&("claude-opus-*", "n")), "{pats:?}");
+        assert!(pats.contains(&("gpt-5*", "auto:main")), "{pats:?}");
+        assert_eq!(c.aliases.len(), 1, "the exact alias stays exact");
+        let e = parse(&format!(
+            "{BASE}aliases: {{ \"claude-*\": m, \"claude-opus-*\": n }}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("aliases.claude-opus-*") && e.contains("overlaps"),
+            "{e}"
+        );
+        let e = parse(&format!(
+            "{BASE}aliases: {{ \"gpt-*\": nope, \"o*\": \"auto:nochain\", \"*\": m }}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("aliases.gpt-*"), "{e}");
+        assert!(e.contains("aliases.o*"), "{e}");
+        assert!(e.contains("aliases.*"), "{e}");
+    }
 }

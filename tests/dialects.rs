@@ -1375,3 +1375,51 @@ async fn translated_and_legacy_streams_carry_usage_only_when_the_caller_asked() 
     let m = gw.metrics_with(&[&line]).await;
     assert!(m.contains(&format!("{line}\n")), "{m}");
 }
+
+/// Claude Code on an OpenAI-kind backend: its request (a system message between turns,
+/// adaptive thinking, context management, an output effort, a model name of its own mapped by
+/// a glob alias) is served, streamed in Anthropic's events, after a failover.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claude_code_request_is_served_by_an_openai_kind_model() {
+    let down = mock("down").await;
+    down.set_default(status(503));
+    let o = mock("o").await;
+    let gw = start(format!(
+        "{}aliases:\n  \"claude-opus-*\": m\n",
+        one_model(&[("down", "openai", &down), ("o", "openai", &o)], "")
+    ));
+    let body = json!({
+        "model": "claude-opus-4-8",
+        "max_tokens": 32000,
+        "stream": true,
+        "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Fix the bug.", "cache_control": {"type": "ephemeral"}}]},
+            {"role": "system", "content": "The user switched to plan mode."},
+            {"role": "user", "content": "Go on."}
+        ],
+        "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object", "properties": {}}}],
+        "tool_choice": {"type": "auto"},
+        "thinking": {"type": "adaptive"},
+        "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
+        "output_config": {"effort": "high"},
+        "metadata": {"user_id": "user_abc"}
+    });
+    let r = post_anthropic(&gw, "/v1/messages", body.to_string()).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-llm-provider"), "o");
+    assert_eq!(header(&r, "x-llm-fallback"), "true");
+    let (text, broken) = read_all(r).await;
+    assert!(!broken && text.contains("event: message_stop"), "{text}");
+    assert!(text.contains("\"model\":\"claude-opus-4-8\""), "{text}");
+    let sent = o.requests().pop().unwrap().json().unwrap();
+    let roles: Vec<&str> = sent["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["system", "user", "system", "user"]);
+    assert_eq!(sent["reasoning_effort"], "high");
+    assert!(sent.get("context_management").is_none());
+}

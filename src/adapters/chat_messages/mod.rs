@@ -36,7 +36,9 @@
 //! | `max_completion_tokens` or `max_tokens` (absent: [`ToMessages::default_max_tokens`]) | `max_tokens` (toward chat: `max_completion_tokens`) |
 //! | `temperature` (0–1 only toward messages), `top_p`, `top_k` (an extension some servers accept) | `temperature`, `top_p`, `top_k` (not toward chat) |
 //! | `user` or `safety_identifier` | `metadata.user_id` |
-//! | `reasoning_effort` `low`/`medium`/`high`/`xhigh` (`none`/`minimal`: no thinking) | `thinking` with a budget of 1024/2048/4096/8192 (and back: under 2048 low, under 4096 medium, else high) |
+//! | `reasoning_effort` `low`/`medium`/`high`/`xhigh` (`none`/`minimal`: no thinking) | `thinking` with a budget of 1024/2048/4096/8192 (and back: under 2048 low, under 4096 medium, else high; `adaptive`: the chat model's own default) |
+//! | `reasoning_effort` (toward chat, when no thinking budget says more) | `output_config.effort` `low`/`medium`/`high` (`max`: `high`) |
+//! | `system` messages where they stand (toward chat) | `system`-role messages between turns, as agents (Claude Code) send them |
 //! | `finish_reason` `stop` / `length` / `tool_calls` / `content_filter` | `stop_reason` `end_turn` or `stop_sequence` / `max_tokens` / `tool_use` / `refusal` |
 //! | `usage` (`prompt_tokens` includes cached ones, `prompt_tokens_details.cached_tokens`) | `usage` (`input_tokens` excludes `cache_read_input_tokens` and `cache_creation_input_tokens`) |
 //! | `reasoning_content` (text) plus `thinking_blocks` (the signed blocks verbatim, LiteLLM's convention) | `thinking` / `redacted_thinking` blocks |
@@ -63,12 +65,14 @@
 //!   sources by `file` (the Files API), PDF documents by URL or by content blocks,
 //!   `citations`, images inside a `tool_result`, server-tool blocks, a final assistant
 //!   message (a prefill: chat models answer it instead of continuing it), `container`,
-//!   `mcp_servers`, `context_management`;
+//!   `mcp_servers`, `output_config` members other than `effort`;
 //! - both ways: any field the dialect does not define (the providers refuse them too).
 //!
 //! Dropped, because they change nothing in the answer (or nothing the target can act on):
 //! `stream_options` (the stream converters decide what usage the caller sees), `store`,
-//! `metadata` (chat's, for stored completions), `service_tier`, `prompt_cache_key`,
+//! `metadata` (chat's, for stored completions), `service_tier`, `context_management` (toward
+//! chat: it edits what Anthropic keeps of earlier turns on its side; the chat model gets the
+//! whole conversation, which answers the same), `prompt_cache_key`,
 //! `prompt_cache_retention`, `prediction` (latency only), `seed` (best effort at OpenAI
 //! itself), `image_url.detail`, message `name`, a tool's `strict` flag (Anthropic follows the
 //! schema without the grammar guarantee), `is_error` on a tool result (its text says so), a

@@ -867,7 +867,9 @@ pub fn messages_request_to_chat(body: &[u8], opts: &ToChat<'_>) -> Result<Vec<u8
     let mut req = parse_object(body)?;
     let mut out = Object::new();
     out.insert("model".into(), opts.upstream_model.into());
-    for dropped in ["service_tier", "routing", "model"] {
+    // `context_management` edits what Anthropic keeps of earlier turns on its side; a chat
+    // model gets the whole conversation instead, which answers the same.
+    for dropped in ["service_tier", "routing", "model", "context_management"] {
         req.remove(dropped);
     }
 
@@ -904,10 +906,17 @@ pub fn messages_request_to_chat(body: &[u8], opts: &ToChat<'_>) -> Result<Vec<u8
                 ))
             }
             Some("assistant") => messages.push(assistant_turn_to_chat(content, &at)?),
+            // Agents (Claude Code) put system text between turns; chat keeps a system
+            // message where it stands.
+            Some("system") => {
+                if let Some(content) = system_content(content)? {
+                    messages.push(json!({"role": "system", "content": content}));
+                }
+            }
             _ => {
                 return Err(Unexpressible::new(
                     format!("{at}.role"),
-                    "must be user or assistant",
+                    "must be user, assistant or system",
                 ))
             }
         }
@@ -988,6 +997,8 @@ pub fn messages_request_to_chat(body: &[u8], opts: &ToChat<'_>) -> Result<Vec<u8
     if let Some(thinking) = req.remove("thinking") {
         match thinking.get("type").and_then(Value::as_str) {
             Some("disabled") => {}
+            // The model decides how much to reason: the chat model's own default.
+            Some("adaptive") => {}
             Some("enabled") => {
                 let budget = thinking
                     .get("budget_tokens")
@@ -1000,10 +1011,33 @@ pub fn messages_request_to_chat(body: &[u8], opts: &ToChat<'_>) -> Result<Vec<u8
             _ => {
                 return Err(Unexpressible::new(
                     "thinking.type",
-                    "must be enabled or disabled",
+                    "must be enabled, adaptive or disabled",
                 ))
             }
         }
+    }
+    if let Some(config) = req.remove("output_config") {
+        let Value::Object(mut config) = config else {
+            return Err(Unexpressible::new("output_config", "must be an object"));
+        };
+        if let Some(effort) = config.remove("effort") {
+            let effort = match effort.as_str() {
+                Some(e @ ("low" | "medium" | "high")) => e,
+                Some("max") => "high",
+                _ => {
+                    return Err(Unexpressible::new(
+                        "output_config.effort",
+                        "must be low, medium, high or max",
+                    ))
+                }
+            };
+            // A thinking budget says more than an effort.
+            out.entry("reasoning_effort").or_insert(effort.into());
+        }
+        refuse_leftovers(config, "an output_config member").map_err(|e| Unexpressible {
+            field: format!("output_config.{}", e.field),
+            ..e
+        })?;
     }
     refuse_leftovers(req, "a Messages parameter")?;
     Ok(Value::Object(out).to_string().into_bytes())

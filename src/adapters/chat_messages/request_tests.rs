@@ -757,14 +757,6 @@ fn what_chat_cannot_express_is_refused_by_name() {
             "container",
         ),
         (messages(json!({"mcp_servers": []})), "mcp_servers"),
-        (
-            messages(json!({"context_management": {"edits": []}})),
-            "context_management",
-        ),
-        (
-            messages(json!({"thinking": {"type": "adaptive"}})),
-            "thinking.type",
-        ),
         (json!({"model": "m", "messages": []}), "max_tokens"),
         (
             user(json!([{"type": "image", "source": {"type": "file", "file_id": "file_011CN"}}])),
@@ -807,8 +799,16 @@ fn what_chat_cannot_express_is_refused_by_name() {
             "messages[1]",
         ),
         (
-            json!({"model": "m", "max_tokens": 10, "messages": [{"role": "system", "content": "x"}]}),
+            json!({"model": "m", "max_tokens": 10, "messages": [{"role": "tool", "content": "x"}]}),
             "messages[0].role",
+        ),
+        (
+            messages(json!({"output_config": {"format": {"type": "json"}}})),
+            "output_config.format",
+        ),
+        (
+            messages(json!({"thinking": {"type": "sometimes"}})),
+            "thinking.type",
         ),
         (
             json!({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "x", "name": "bob"}]}),
@@ -965,4 +965,61 @@ fn messages_to_chat_to_messages_keeps_the_meaning_and_the_ids() {
     ] {
         assert_eq!(back[key], expected[key], "{key}");
     }
+}
+
+/// What Claude Code sends (print mode, 2.x), translated for an OpenAI-kind model: system text
+/// blocks with cache control, a system message mid-conversation, adaptive thinking, context
+/// management, an output effort, tools with cache control, `tool_choice: auto`.
+#[test]
+fn a_claude_code_request_reaches_a_chat_model() {
+    let body = json!({
+        "model": "claude-opus-4-8",
+        "max_tokens": 32000,
+        "stream": true,
+        "system": [
+            {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "Be terse."}
+        ],
+        "messages": [
+            {"role": "user", "content": [
+                {"type": "text", "text": "<system-reminder>ctx</system-reminder>"},
+                {"type": "text", "text": "Fix the bug.", "cache_control": {"type": "ephemeral"}}
+            ]},
+            {"role": "system", "content": "The user switched to plan mode."},
+            {"role": "user", "content": "Go on."}
+        ],
+        "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object", "properties": {}}, "cache_control": {"type": "ephemeral"}}],
+        "tool_choice": {"type": "auto", "disable_parallel_tool_use": false},
+        "thinking": {"type": "adaptive"},
+        "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
+        "output_config": {"effort": "high"},
+        "metadata": {"user_id": "user_abc_account_x_session_y"},
+        "temperature": 1
+    });
+    let out = to_chat(&body).expect("a Claude Code request translates");
+    let msgs = out["messages"].as_array().unwrap();
+    assert_eq!(msgs[0]["role"], "system");
+    assert_eq!(
+        msgs[0]["content"],
+        json!([{"type": "text", "text": "You are Claude Code."}, {"type": "text", "text": "Be terse."}])
+    );
+    assert_eq!(msgs[1]["role"], "user");
+    assert_eq!(
+        msgs[2],
+        json!({"role": "system", "content": "The user switched to plan mode."})
+    );
+    assert_eq!(msgs[3], json!({"role": "user", "content": "Go on."}));
+    assert_eq!(
+        out["reasoning_effort"], "high",
+        "output_config.effort carried"
+    );
+    assert_eq!(out["tool_choice"], "auto");
+    assert_ne!(
+        out["parallel_tool_calls"], false,
+        "parallel calls stay allowed"
+    );
+    assert!(out.get("context_management").is_none());
+    assert!(out.get("thinking").is_none());
+    assert_eq!(out["user"], "user_abc_account_x_session_y");
+    assert!(!out.to_string().contains("cache_control"));
 }

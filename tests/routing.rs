@@ -281,7 +281,21 @@ async fn routing_providers_order_breaks_priority_ties() {
     assert_eq!(header(&r, "x-llm-provider"), "a");
     // Only these providers, and at most ten of them.
     body["routing"] = serde_json::json!({"providers": ["b"]});
-    assert_eq!(header(&post_chat(&gw, &body).await, "x-llm-provider"), "b");
+    let r = post_chat(&gw, &body).await;
+    assert_eq!(header(&r, "x-llm-provider"), "b");
+    let reason = header(&r, "x-llm-routing-reason");
+    assert!(
+        reason.contains("selected=b ") && reason.ends_with(" fallbacks="),
+        "the provider routing.providers removed is no fallback: {reason}"
+    );
+    body["routing"] = serde_json::json!({"providers": ["a"]});
+    let r = post_chat(&gw, &body).await;
+    let reason = header(&r, "x-llm-routing-reason");
+    assert!(reason.ends_with("fallbacks="), "{reason}");
+    body["routing"] = serde_json::json!({"providers": ["a", "b"]});
+    let r = post_chat(&gw, &body).await;
+    let reason = header(&r, "x-llm-routing-reason");
+    assert!(reason.ends_with("fallbacks=b"), "both kept: {reason}");
     let eleven: Vec<String> = (0..11).map(|i| format!("p{i}")).collect();
     body["routing"] = serde_json::json!({ "providers": eleven });
     expect_error(post_chat(&gw, &body).await, 400, "invalid_request").await;

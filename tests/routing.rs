@@ -300,3 +300,24 @@ async fn routing_providers_order_breaks_priority_ties() {
     body["routing"] = serde_json::json!({ "providers": eleven });
     expect_error(post_chat(&gw, &body).await, 400, "invalid_request").await;
 }
+
+/// The README's header table: `direct:<provider>/<upstream-model>` for a deployment the
+/// config lists, `direct:<provider>` for an upstream model it does not.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_direct_request_names_its_provider_and_upstream_model_in_x_llm_route() {
+    let a = mock("a").await;
+    let b = mock("b").await;
+    let gw = Gateway::start(two(&a, &b, ""));
+    let r = post_chat(&gw, &chat("a/up-a")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-llm-route"), "direct:a/up-a");
+    let r = post_chat(&gw, &chat("b/not-in-the-config")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-llm-route"), "direct:b");
+    assert!(
+        README_HEADERS.contains("`direct:<provider>/<upstream-model>`"),
+        "the README's header table says so"
+    );
+}
+
+const README_HEADERS: &str = include_str!("../README.md");

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command from a fresh machine to a running gateway: installs what the build needs,
 # builds, starts two signalbox-mock providers (:9001, :9002) and runs signalbox on
-# conf/signalbox.yaml (:8080, admin :9090). Ctrl-C stops everything.
+# conf/signalbox.yaml (:8080, admin :9901). Ctrl-C stops everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,7 +26,7 @@ echo "demo: building (the first build takes a few minutes)"
 cargo build --bins
 
 # Say which port is taken before anything starts (the demo needs all four).
-for port in 8080 9090 9001 9002; do
+for port in 8080 9901 9001 9002; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     echo "demo: port $port is already in use on 127.0.0.1; stop what holds it (ss -ltnp 'sport = :$port')" >&2
     exit 1
@@ -56,7 +56,7 @@ for _ in $(seq 1 300); do
     echo "demo: signalbox exited before it was ready (see the line above: a port in use?)" >&2
     exit 1
   fi
-  if curl -fsS --max-time 1 -o /dev/null http://127.0.0.1:9090/admin/ready 2>/dev/null; then
+  if curl -fsS --max-time 1 -o /dev/null http://127.0.0.1:9901/admin/ready 2>/dev/null; then
     ready=1
     break
   fi
@@ -64,13 +64,13 @@ for _ in $(seq 1 300); do
 done
 if [ -z "$ready" ]; then
   echo "demo: signalbox did not become ready in 30 s:" >&2
-  curl -sS --max-time 2 http://127.0.0.1:9090/admin/ready >&2 || true
+  curl -sS --max-time 2 http://127.0.0.1:9901/admin/ready >&2 || true
   exit 1
 fi
 
 cat <<'MSG'
 
-signalbox is up on http://127.0.0.1:8080 (metrics on http://127.0.0.1:9090/metrics).
+signalbox is up on http://127.0.0.1:8080 (metrics on http://127.0.0.1:9901/metrics).
 The `auto` chain starts with a provider that is down, so this request fails over:
 
 MSG
@@ -80,7 +80,7 @@ curl -sS --max-time 10 -D - -o /dev/null http://127.0.0.1:8080/v1/chat/completio
 echo
 echo "Try a stream:  curl -N http://127.0.0.1:8080/v1/chat/completions -d '{\"model\":\"fast\",\"stream\":true}'"
 echo "Anthropic SDK: curl http://127.0.0.1:8080/v1/messages -H 'anthropic-version: 2023-06-01' -d '{\"model\":\"auto:mixed\",\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'"
-echo "Admin API:     curl -H \"authorization: Bearer $SIGNALBOX_ADMIN_TOKEN\" http://127.0.0.1:9090/admin/health"
+echo "Admin API:     curl -H \"authorization: Bearer $SIGNALBOX_ADMIN_TOKEN\" http://127.0.0.1:9901/admin/health"
 echo "(admin writes rewrite conf/signalbox.yaml without its comments: git checkout restores it)"
 echo "Ctrl-C to stop."
 wait

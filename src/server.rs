@@ -22,7 +22,7 @@ use crate::health::{HealthRegistry, HealthShared};
 use crate::ledger::{Ledger, LedgerOptions, LedgerTarget};
 use crate::lifecycle::{DrainThenExit, Launch, ReloadOnHangup, UpgradeOnUser2};
 use crate::limits::budget::period_start_day;
-use crate::metrics::health::HealthCollector;
+use crate::metrics::health::{HealthCollector, RouteCollector};
 use crate::metrics::ledger::LedgerCollector;
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
@@ -107,6 +107,17 @@ pub fn build_state_with_clock(
         state.health_source(),
         state.metrics.probes.clone(),
     )?))?;
+    let router = state.router.clone();
+    state
+        .metrics
+        .register(Box::new(RouteCollector::new(Arc::new(move || {
+            let tables = router.snapshot.load();
+            tables
+                .serving()
+                .into_iter()
+                .map(|r| (r.label, !r.can_serve))
+                .collect()
+        }))?))?;
     Ok((Arc::new(state), warnings))
 }
 
@@ -156,12 +167,12 @@ pub fn open_accounts(
                 rows = rebuilt,
                 "ledger open; budgets' spend rebuilt from it"
             );
-            state
-                .metrics
-                .register(Box::new(LedgerCollector::new(ledger.clone())?))?;
             Some(ledger)
         }
     };
+    state
+        .metrics
+        .register(Box::new(LedgerCollector::new(ledger.clone())?))?;
     let redis = match &config.state {
         None => None,
         Some(s) => {

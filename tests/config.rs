@@ -52,6 +52,40 @@ failover: { max_attempts: 0, transient_retries: 9 }
     assert!(String::from_utf8_lossy(&out.stderr).contains("surprise"));
 }
 
+/// A parse-level error (an unknown key, a value of the wrong type) hides nothing: every
+/// section's own errors are listed, and the rest is still validated.
+#[test]
+fn test_flag_lists_parse_errors_of_every_section_and_validates_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(
+        &path,
+        r#"
+providers:
+  a: { kind: openai, base_url: "http://127.0.0.1:1/v1", prioirty: 1 }
+models:
+  m: { deployments: [{ provider: a, model: x }, { provider: a, model: y, wieght: 1 }] }
+aliases: { f: missing }
+failover: { max_attempts: lots }
+helth: { cooldown: 1s }
+"#,
+    )
+    .unwrap();
+    let out = signalbox(&["-t", "-c", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for needle in [
+        "providers.a.prioirty: unknown field `prioirty`",
+        "models.m.deployments[1].wieght: unknown field `wieght`",
+        "failover.max_attempts:",
+        "helth: unknown field `helth`",
+        // Validation of what parses: the alias to nothing.
+        "aliases.f:",
+    ] {
+        assert!(err.contains(needle), "{needle} missing from:\n{err}");
+    }
+}
+
 #[test]
 fn test_flag_lists_every_policy_and_rule_error_with_its_path() {
     let dir = tempfile::tempdir().unwrap();

@@ -368,7 +368,7 @@ struct PgDatabase {
 impl PgDatabase {
     fn create() -> Option<Self> {
         let Ok(admin_url) = std::env::var("SIGNALBOX_TEST_POSTGRES_URL") else {
-            eprintln!("skipped: SIGNALBOX_TEST_POSTGRES_URL is not set (no PostgreSQL server)");
+            skip_unless_ci("SIGNALBOX_TEST_POSTGRES_URL is not set (no PostgreSQL server)");
             return None;
         };
         let name = format!("sb_gw_{}_{}", std::process::id(), free_port());

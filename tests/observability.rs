@@ -417,6 +417,10 @@ async fn dashboard_and_alerts_name_only_exported_metrics() {
         "signalbox_config_generation",
         "signalbox_config_reloads_total",
         "signalbox_tokens_total",
+        "signalbox_spend_usd_total",
+        "signalbox_ledger_rows_total",
+        "signalbox_state_backend_up",
+        "signalbox_route_unservable",
     ] {
         assert!(dashboard.contains(name), "the dashboard lacks {name}");
     }
@@ -424,6 +428,7 @@ async fn dashboard_and_alerts_name_only_exported_metrics() {
         "signalbox_breaker_state",
         "signalbox_requests_total",
         "signalbox_healthy_provider_ratio",
+        "signalbox_route_unservable",
         "signalbox_degraded",
         "signalbox_config_reloads_total",
     ] {
@@ -460,11 +465,167 @@ async fn dashboard_and_alerts_name_only_exported_metrics() {
         families.keys().collect::<Vec<_>>()
     );
 
-    // The README's catalogue lists every exported family.
+    // The README's catalogue lists every exported family, and every family it lists is
+    // announced by this gateway, which has neither a ledger nor Redis.
     for name in families.keys() {
         assert!(
             README.contains(&format!("`{name}")),
             "{name} is not in README.md's metrics catalogue"
         );
     }
+    let catalogue = readme_catalogue();
+    assert!(catalogue.len() > 20, "{catalogue:?}");
+    let absent: Vec<&String> = catalogue
+        .iter()
+        .filter(|n| !families.contains_key(*n))
+        .collect();
+    assert!(
+        absent.is_empty(),
+        "the README lists them, a gateway without a ledger or Redis does not export them: {absent:?}"
+    );
+
+    // No 5xx yet: the 5xx series do not exist (dense counters export what was counted), so a
+    // share whose numerator selects them must fall back to 0 or its panel and the alert's
+    // expression are empty instead of 0.
+    assert!(
+        !scrape.contains(r#"status_class="5xx""#),
+        "a 5xx series before any 5xx"
+    );
+    let mut shares = Vec::new();
+    let d: serde_json::Value = serde_json::from_str(DASHBOARD).unwrap();
+    dashboard_exprs(&d, &mut shares);
+    let doc: serde_yaml::Value = serde_yaml::from_str(ALERTS).unwrap();
+    for g in doc["groups"].as_sequence().unwrap() {
+        for r in g["rules"].as_sequence().unwrap() {
+            shares.push(r["expr"].as_str().unwrap().to_string());
+        }
+    }
+    let shares: Vec<&String> = shares
+        .iter()
+        .filter(|e| e.contains(r#"status_class="5xx""#) && e.contains('/'))
+        .collect();
+    assert!(
+        shares.len() >= 3,
+        "the two 5xx panels and the alert: {shares:?}"
+    );
+    for e in shares {
+        assert!(
+            e.contains("or vector(0)")
+                || e.contains("or 0 *")
+                || e.contains("or\n") && e.contains("0 * sum"),
+            "a 5xx share without a fallback to 0: {e}"
+        );
+    }
+}
+
+/// The metric family names of the README's catalogue table (`| `signalbox_…` | kind | …`).
+fn readme_catalogue() -> Vec<String> {
+    let re = regex::Regex::new(r"`(signalbox_[a-z0-9_]+)`").unwrap();
+    README
+        .lines()
+        .filter(|l| l.starts_with("| `signalbox_"))
+        .filter_map(|l| l.split(" | ").next())
+        .flat_map(|cell| {
+            re.captures_iter(cell)
+                .map(|c| c[1].to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// One provider, failing: `signalbox_healthy_provider_ratio` stays 1 (it is evaluated only
+/// from `health.degraded.min_providers` providers), so the route-level gauge is what tells
+/// that nothing can serve, and `/admin/ready` says so too.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_one_provider_gateway_that_cannot_serve_says_so_in_metrics_and_readiness() {
+    let a = mock("a").await;
+    let gw = GatewayBuilder::new(format!(
+        "providers:\n{}models:\n  m:\n    deployments: [{{ provider: a, model: up-m }}]\n\
+         chains: {{ default: [m] }}\nactive_chain: default\n\
+         health: {{ failure_threshold: 1, cooldown: 10m, max_ejection: 10m, probe_interval: 1h }}\n",
+        provider("a", &a)
+    ))
+    .start();
+    let ready = || async {
+        let r = client()
+            .get(format!("http://{}/admin/ready", gw.admin))
+            .send()
+            .await
+            .unwrap();
+        (
+            r.status().as_u16(),
+            r.json::<serde_json::Value>().await.unwrap(),
+        )
+    };
+    let serving = gw
+        .metrics_with(&[r#"signalbox_route_unservable{route="model:m"} 0"#])
+        .await;
+    assert!(
+        serving.contains(r#"signalbox_route_unservable{route="chain:default"} 0"#),
+        "{serving}"
+    );
+    let (code, v) = ready().await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["nothing_can_serve"], false, "{v}");
+
+    // The provider fails once: its only target is ejected for 10 minutes.
+    a.set_default(status(503));
+    let r = post_chat(&gw, &chat("m")).await;
+    assert_eq!(r.status(), 502);
+    r.text().await.unwrap();
+    let down = gw
+        .metrics_with(&[
+            r#"signalbox_route_unservable{route="model:m"} 1"#,
+            r#"signalbox_route_unservable{route="chain:default"} 1"#,
+        ])
+        .await;
+    assert!(
+        down.contains("signalbox_healthy_provider_ratio 1"),
+        "the ratio cannot tell below min_providers: {down}"
+    );
+    let (code, v) = ready().await;
+    assert_eq!(code, 503, "every request would be a 503: {v}");
+    assert_eq!(v["nothing_can_serve"], true, "{v}");
+    assert_eq!(v["proxy_listener_bound"], true, "{v}");
+    let cannot = v["routes_that_cannot_serve"].as_array().unwrap();
+    assert!(cannot.contains(&serde_json::json!("chain:default")), "{v}");
+    // And requests are indeed refused without a call.
+    let calls = a.calls();
+    expect_error(
+        post_chat(&gw, &chat("m")).await,
+        503,
+        "no_provider_available",
+    )
+    .await;
+    assert_eq!(a.calls(), calls, "no upstream call");
+}
+
+/// `HEAD /metrics`: the head a `GET` would get (no token, the exposition's content type and
+/// length), no body.
+#[tokio::test(flavor = "multi_thread")]
+async fn head_metrics_answers_the_head_without_the_body() {
+    let a = mock("a").await;
+    let b = mock("b").await;
+    let gw = start(&a, &b, "");
+    let url = format!("http://{}/metrics", gw.admin);
+    let r = client().head(&url).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "content-type"), "text/plain; version=0.0.4");
+    let length: usize = header(&r, "content-length").parse().unwrap();
+    assert!(length > 1000, "the exposition's length: {length}");
+    assert!(r.bytes().await.unwrap().is_empty());
+    // The GET of the same families is about as long (gauges may change in between).
+    let body = client()
+        .get(&url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        body.len().abs_diff(length) < body.len() / 10,
+        "{length} vs {}",
+        body.len()
+    );
 }

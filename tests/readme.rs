@@ -72,20 +72,66 @@ fn shows(output: &str, line: &str) -> bool {
     output.lines().any(|l| l.trim() == line)
 }
 
+/// What `scripts/demo.sh` sets up, read from the script itself so the test cannot drift from
+/// it: the environment it exports for the gateway (`export NAME="${NAME:-value}"`) and the
+/// mocks' `--name`, `--chunks` and `--gap-ms`.
+struct Demo {
+    env: Vec<(String, String)>,
+    name: String,
+    shape: StreamShape,
+}
+
+fn demo_script() -> Demo {
+    let script = std::fs::read_to_string("scripts/demo.sh").unwrap();
+    let export =
+        regex::Regex::new(r#"(?m)^export ([A-Z0-9_]+)="\$\{([A-Z0-9_]+):-([^}]*)\}"$"#).unwrap();
+    let env: Vec<(String, String)> = export
+        .captures_iter(&script)
+        .map(|c| {
+            assert_eq!(c[1], c[2], "demo.sh: {}", &c[0]);
+            (c[1].to_string(), c[3].to_string())
+        })
+        .collect();
+    let flag = |name: &str| {
+        regex::Regex::new(&format!(r"signalbox-mock [^\n]*?--{name} (\S+)"))
+            .unwrap()
+            .captures(&script.replace("\\\n", " "))
+            .unwrap_or_else(|| panic!("demo.sh starts the mocks without --{name}"))[1]
+            .to_string()
+    };
+    Demo {
+        env,
+        name: flag("name"),
+        shape: StreamShape {
+            chunks: flag("chunks").parse().unwrap(),
+            gap: Duration::from_millis(flag("gap-ms").parse().unwrap()),
+        },
+    }
+}
+
+#[test]
+fn the_demo_script_is_read_as_it_runs() {
+    let demo = demo_script();
+    let names: Vec<&str> = demo.env.iter().map(|(k, _)| k.as_str()).collect();
+    // The admin token is what makes `/admin/health` need a token in the demo.
+    assert!(names.contains(&"SIGNALBOX_ADMIN_TOKEN"), "{names:?}");
+    assert!(names.contains(&"DEMO_ANTHROPIC_KEY"), "{names:?}");
+    assert_eq!(demo.name, "demo");
+    assert!(demo.shape.chunks > 1);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_readme_demo_is_true() {
-    // As scripts/demo.sh starts them: --name demo --chunks 8 --gap-ms 80, one per listener.
-    let shape = StreamShape {
-        chunks: 8,
-        gap: Duration::from_millis(80),
-    };
-    let a = mock_with("demo-0", |c| c.stream = shape).await;
-    let b = mock_with("demo-1", |c| c.stream = shape).await;
+    // As scripts/demo.sh starts them: its --name, --chunks and --gap-ms, one per listener.
+    let demo = demo_script();
+    let shape = demo.shape;
+    let a = mock_with(&format!("{}-0", demo.name), |c| c.stream = shape).await;
+    let b = mock_with(&format!("{}-1", demo.name), |c| c.stream = shape).await;
     let (proxy, admin, down) = (free_port(), free_port(), refused_port());
     let dir = tempfile::tempdir().unwrap();
     let ports = [
         ("127.0.0.1:8080", format!("127.0.0.1:{proxy}")),
-        ("127.0.0.1:9090", format!("127.0.0.1:{admin}")),
+        ("127.0.0.1:9901", format!("127.0.0.1:{admin}")),
         ("127.0.0.1:9001", a.addr().to_string()),
         ("127.0.0.1:9002", b.addr().to_string()),
         ("127.0.0.1:9003", format!("127.0.0.1:{down}")),
@@ -104,9 +150,13 @@ async fn the_readme_demo_is_true() {
             "/tmp/signalbox_upgrade.sock",
             &dir.path().join("sock").display().to_string(),
         );
-    let gw = GatewayBuilder::new(conf)
-        .verbatim()
-        .env("DEMO_ANTHROPIC_KEY", "sk-ant-demo")
+    // The gateway gets exactly the environment demo.sh exports.
+    let gw = demo
+        .env
+        .iter()
+        .fold(GatewayBuilder::new(conf).verbatim(), |g, (k, v)| {
+            g.env(k, v)
+        })
         .listening_on(proxy, admin)
         .start();
 
@@ -115,12 +165,14 @@ async fn the_readme_demo_is_true() {
     assert!(examples.len() >= 6, "the demo section lost its examples");
     for example in examples {
         let command = local(&example.command);
+        // "From another terminal": the demo's exports are not in the reader's shell.
+        let unset: Vec<String> = demo.env.iter().map(|(k, _)| k.clone()).collect();
         let output = tokio::task::spawn_blocking(move || {
-            std::process::Command::new("sh")
-                .arg("-c")
-                .arg(&command)
-                .output()
-                .unwrap()
+            let mut sh = std::process::Command::new("sh");
+            for k in &unset {
+                sh.env_remove(k);
+            }
+            sh.arg("-c").arg(&command).output().unwrap()
         })
         .await
         .unwrap();

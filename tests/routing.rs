@@ -281,7 +281,21 @@ async fn routing_providers_order_breaks_priority_ties() {
     assert_eq!(header(&r, "x-llm-provider"), "a");
     // Only these providers, and at most ten of them.
     body["routing"] = serde_json::json!({"providers": ["b"]});
-    assert_eq!(header(&post_chat(&gw, &body).await, "x-llm-provider"), "b");
+    let r = post_chat(&gw, &body).await;
+    assert_eq!(header(&r, "x-llm-provider"), "b");
+    let reason = header(&r, "x-llm-routing-reason");
+    assert!(
+        reason.contains("selected=b ") && reason.ends_with(" fallbacks="),
+        "the provider routing.providers removed is no fallback: {reason}"
+    );
+    body["routing"] = serde_json::json!({"providers": ["a"]});
+    let r = post_chat(&gw, &body).await;
+    let reason = header(&r, "x-llm-routing-reason");
+    assert!(reason.ends_with("fallbacks="), "{reason}");
+    body["routing"] = serde_json::json!({"providers": ["a", "b"]});
+    let r = post_chat(&gw, &body).await;
+    let reason = header(&r, "x-llm-routing-reason");
+    assert!(reason.ends_with("fallbacks=b"), "both kept: {reason}");
     let eleven: Vec<String> = (0..11).map(|i| format!("p{i}")).collect();
     body["routing"] = serde_json::json!({ "providers": eleven });
     expect_error(post_chat(&gw, &body).await, 400, "invalid_request").await;
@@ -383,3 +397,24 @@ async fn glob_aliases_map_a_clients_own_model_names_and_exact_names_win() {
         .unwrap();
     assert_eq!(v["id"], "claude-opus-4-8", "{v}");
 }
+
+/// The README's header table: `direct:<provider>/<upstream-model>` for a deployment the
+/// config lists, `direct:<provider>` for an upstream model it does not.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_direct_request_names_its_provider_and_upstream_model_in_x_llm_route() {
+    let a = mock("a").await;
+    let b = mock("b").await;
+    let gw = Gateway::start(two(&a, &b, ""));
+    let r = post_chat(&gw, &chat("a/up-a")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-llm-route"), "direct:a/up-a");
+    let r = post_chat(&gw, &chat("b/not-in-the-config")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-llm-route"), "direct:b");
+    assert!(
+        README_HEADERS.contains("`direct:<provider>/<upstream-model>`"),
+        "the README's header table says so"
+    );
+}
+
+const README_HEADERS: &str = include_str!("../README.md");

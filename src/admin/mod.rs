@@ -3,7 +3,7 @@
 //!
 //! | endpoint | token | does |
 //! |---|---|---|
-//! | `GET /metrics`, `GET /healthz`, `GET /admin/ready` | none | Prometheus text; liveness; readiness |
+//! | `GET`/`HEAD /metrics`, `GET /healthz`, `GET /admin/ready` | none | Prometheus text; liveness; readiness |
 //! | `GET /admin/health` | read | every target, credential, degraded mode |
 //! | `POST /admin/explain` | read | why a request would go where it goes |
 //! | `GET /admin/config` · `PUT /admin/config` · `POST /admin/reload` | read · write · write | the running config · replace it · re-read the file |
@@ -185,7 +185,8 @@ impl ServeHttp for AdminApp {
         let path = session.req_header().uri.path().to_string();
         let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
         let need = match (&method, parts.as_slice()) {
-            (&Method::GET, ["metrics" | "healthz"] | ["admin", "ready"]) => Need::Nothing,
+            (&Method::GET, ["metrics" | "healthz"] | ["admin", "ready"])
+            | (&Method::HEAD, ["metrics"]) => Need::Nothing,
             (&Method::GET, ["admin", ..]) | (&Method::POST, ["admin", "explain"]) => Need::Read,
             (&Method::PUT | &Method::POST | &Method::DELETE, ["admin", ..]) => Need::Write,
             _ => Need::Nothing,
@@ -194,7 +195,8 @@ impl ServeHttp for AdminApp {
             return refusal;
         }
         match (&method, parts.as_slice()) {
-            (&Method::GET, ["metrics"]) => response(
+            // HEAD: the same head, Content-Length included; Pingora sends no body for HEAD.
+            (&Method::GET | &Method::HEAD, ["metrics"]) => response(
                 200,
                 "text/plain; version=0.0.4",
                 self.metrics.render().into_bytes(),

@@ -1,7 +1,12 @@
-//! `GET /admin/ready`: may a balancer send this instance traffic? Three things must hold:
+//! `GET /admin/ready`: may a balancer send this instance traffic? Four things must hold:
 //! the config is loaded (it is, or this process would not run), the proxy listener is bound
-//! by this process, and every chain has at least one candidate that could be called (provider
-//! enabled, a usable key, an address). 503 says which of them does not hold.
+//! by this process, every chain has at least one candidate that could be called (provider
+//! enabled, a usable key, an address), and something can serve right now: while no route has
+//! a candidate whose target is closed (every provider ejected, benched or cooling), every
+//! request would be a 503, so readiness is 503 too (`nothing_can_serve`; the same state as
+//! `signalbox_route_unservable`). Active probes bring ejected targets back without traffic.
+//! 503 says which of them does not hold; `routes_that_cannot_serve` lists the routes nothing
+//! can serve even while others can (informational: the instance stays ready).
 //!
 //! Pingora binds each service's listeners asynchronously in that service's runtime, with no
 //! signal when it is done, so the admin answering says nothing about the proxy. The listener
@@ -79,7 +84,14 @@ pub fn ready(router: &Runtime, proxy_port: Option<u16>) -> http::Response<Vec<u8
         }
     }
     let bound = proxy_port.and_then(listening).unwrap_or(true);
-    let is_ready = bound && unready.is_empty();
+    let serving = tables.serving();
+    let cannot: Vec<&str> = serving
+        .iter()
+        .filter(|r| !r.can_serve)
+        .map(|r| &*r.label)
+        .collect();
+    let nothing_can_serve = !serving.is_empty() && cannot.len() == serving.len();
+    let is_ready = bound && unready.is_empty() && !nothing_can_serve;
     super::json(
         if is_ready { 200 } else { 503 },
         &json!({
@@ -87,6 +99,8 @@ pub fn ready(router: &Runtime, proxy_port: Option<u16>) -> http::Response<Vec<u8
             "config_generation": tables.generation,
             "proxy_listener_bound": bound,
             "chains_without_a_usable_candidate": unready,
+            "nothing_can_serve": nothing_can_serve,
+            "routes_that_cannot_serve": cannot,
         }),
     )
 }

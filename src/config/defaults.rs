@@ -15,7 +15,7 @@ use super::vocab::{LogFormat, Strategy, Weights};
 /// `listen.proxy`: where OpenAI-shaped traffic arrives.
 pub const PROXY_LISTEN: &str = "0.0.0.0:8080";
 /// `listen.admin`: `/metrics`, `/healthz` and `/admin/*`; loopback only by default.
-pub const ADMIN_LISTEN: &str = "127.0.0.1:9090";
+pub const ADMIN_LISTEN: &str = "127.0.0.1:9901";
 
 // === providers ===
 

@@ -7,6 +7,8 @@
 //! replace a good one.
 //!
 //! - this file: [`load`] / [`parse`] and the error types;
+//! - `collect`: when the strict parse fails, every section's parse errors, not only the first,
+//!   and the validation of what parses once the keys at fault are cut;
 //! - [`schema`]: the file format, serde types that mirror it one to one;
 //! - [`defaults`]: every default value, the only place one is written;
 //! - [`types`]: the checked domain types the rest of signalbox reads;
@@ -15,6 +17,7 @@
 //!   `compile` turns a condition as written into it;
 //! - [`validate`]: the checks, one file per section, and [`validate::validate`].
 
+mod collect;
 // Public for the property tests (`tests/props.rs`): the condition compiler on any input.
 #[doc(hidden)]
 pub mod compile;
@@ -116,12 +119,8 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
         )]));
     }
     let de = serde_yaml::Deserializer::from_str(text);
-    let file: schema::ConfigFile = serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let path = if path == "." { String::new() } else { path };
-        let message = strip_yaml_path(&path, &e.into_inner().to_string());
-        ConfigErrors(vec![ConfigError::new(path, message)])
-    })?;
+    let file: schema::ConfigFile = serde_path_to_error::deserialize(de)
+        .map_err(|e| collect::every_error(text, collect::error_of(&e)))?;
     validate::validate(file)
 }
 

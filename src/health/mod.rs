@@ -632,6 +632,27 @@ impl HealthRegistry {
     }
 
     /// Every target, for probes and display.
+    /// Whether one of `deployments` could serve a request now: its provider enabled, resolved
+    /// and holding a usable credential whose target is closed. A half-open target does not
+    /// count until its probe succeeds, so a route whose every target is ejected reads as
+    /// unable to serve for the whole outage, not only between two cooldowns. Read at scrape
+    /// and readiness time, never on the request path.
+    pub fn can_serve(&self, catalog: &Catalog, deployments: &[DeploymentIdx], now_ms: u64) -> bool {
+        deployments.iter().any(|&d| {
+            let provider = catalog.provider(catalog.deployment(d).provider);
+            provider.enabled
+                && !provider.addrs.is_empty()
+                && provider.credentials.iter().enumerate().any(|(c, cred)| {
+                    let t = TargetRef {
+                        deployment: Some(d),
+                        provider: provider.idx,
+                        credential: c,
+                    };
+                    cred.usable && matches!(self.admission(t, now_ms), Admission::Healthy { .. })
+                })
+        })
+    }
+
     pub fn targets_of<'a>(&'a self, catalog: &'a Catalog) -> impl Iterator<Item = TargetRef> + 'a {
         catalog.deployments.iter().flat_map(move |d| {
             (0..catalog.provider(d.provider).credentials.len()).map(move |c| TargetRef {

@@ -11,6 +11,9 @@
 //! - `signalbox_degraded`, `signalbox_healthy_provider_ratio`.
 //! - `signalbox_providers{state}`, `signalbox_models{state}`: how many are in each derived
 //!   state (`healthy`, `degraded`, `unhealthy`, `disabled`; every state always exported).
+//! - `signalbox_route_unservable{route}`: 1 while nothing can serve a route (no candidate's
+//!   target closed: every request to it is a 503 or a probe), 0 otherwise. Unlike the ratio,
+//!   evaluated whatever the number of providers, so it alerts for a one-provider gateway.
 //!
 //! Labels are config names (provider ids, upstream model names, credential ids), bounded by
 //! the config.
@@ -258,5 +261,45 @@ impl Collector for HealthCollector {
                 vec![HEALTHY_RATIO.gauge(&[], degraded.last_ratio())],
             ),
         ]
+    }
+}
+
+const ROUTE_UNSERVABLE: Family = Family {
+    name: "signalbox_route_unservable",
+    help: "1 while nothing can serve a route (no candidate's target closed), 0 otherwise.",
+    labels: &["route"],
+};
+
+/// The routes of the snapshot serving traffic, each with whether nothing can serve it.
+pub type RouteSource = Arc<dyn Fn() -> Vec<(Arc<str>, bool)> + Send + Sync>;
+
+/// `signalbox_route_unservable`, read at scrape time.
+pub struct RouteCollector {
+    source: RouteSource,
+    descs: Vec<Desc>,
+}
+
+impl RouteCollector {
+    pub fn new(source: RouteSource) -> prometheus::Result<Self> {
+        Ok(Self {
+            source,
+            descs: vec![ROUTE_UNSERVABLE.desc()?],
+        })
+    }
+}
+
+impl Collector for RouteCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let gauges = (self.source)()
+            .iter()
+            .map(|(route, unservable)| {
+                ROUTE_UNSERVABLE.gauge(&[route], if *unservable { 1.0 } else { 0.0 })
+            })
+            .collect();
+        vec![ROUTE_UNSERVABLE.family(MetricType::GAUGE, gauges)]
     }
 }

@@ -457,6 +457,10 @@ impl Metrics {
             ),
             &["code"],
         )?;
+        // Every code's series from the start (zeros), as for the reloads.
+        for code in HTTP_REFUSAL_CODES {
+            http_refusals.with_label_values(&[code]);
+        }
         registry.register(Box::new(http_refusals.clone()))?;
         Ok(Self {
             registry,

@@ -346,7 +346,8 @@ fn routing_reason(
         } else {
             b" healthy=false fallbacks="
         });
-        // Remaining candidates' providers, in order, each once (bounded: a header, not a dump).
+        // Remaining candidates' providers, in order, each once (bounded: a header, not a dump);
+        // a provider the request's `routing.providers` removed is not one of them.
         let mut listed = [first.provider; 9];
         let mut n_listed = 1;
         for pos in (0..plan.len()).filter(|p| *p != first_pos) {
@@ -354,7 +355,7 @@ fn routing_reason(
                 break;
             }
             if let Some(d) = plan.deployment(catalog, pos) {
-                if !listed[..n_listed].contains(&d.provider) {
+                if !listed[..n_listed].contains(&d.provider) && plan.allows_provider(d.provider) {
                     if n_listed > 1 {
                         out.push(b",");
                     }

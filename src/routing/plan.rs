@@ -318,6 +318,14 @@ impl Plan {
         self.allowed = Some(providers);
     }
 
+    /// Whether the request's `routing.providers` (if any) leaves `provider` in the plan.
+    #[inline]
+    pub fn allows_provider(&self, provider: ProviderIdx) -> bool {
+        self.allowed
+            .as_ref()
+            .is_none_or(|allowed| allowed.contains(&provider))
+    }
+
     /// Restrict the plan to the catalog models a caller's key may be served by (by index): a
     /// candidate of another model is skipped (`not_allowed`) wherever the route took it from.
     pub fn restrict_models(&mut self, models: Arc<[bool]>) {

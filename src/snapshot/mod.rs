@@ -66,7 +66,52 @@ impl std::fmt::Debug for Snapshot {
     }
 }
 
+/// One route as `signalbox_route_unservable` and `/admin/ready` report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteServing {
+    /// The route's label (`chain:default`, `model:m`, ...), as in `signalbox_requests_total`.
+    pub label: Arc<str>,
+    /// Whether it is a chain (what `auto` and `auto:<chain>` name).
+    pub chain: bool,
+    /// Whether a candidate could serve it now ([`HealthRegistry::can_serve`]).
+    pub can_serve: bool,
+}
+
 impl Snapshot {
+    /// Every route with a candidate on an enabled provider, once per label, with whether
+    /// anything can serve it right now. Routes without such a candidate (an ad-hoc
+    /// `direct:<provider>` form, a route only switched-off providers serve) are the config's
+    /// doing and left out: `-t` and `/admin/ready`'s `chains_without_a_usable_candidate` name
+    /// them.
+    pub fn serving(&self) -> Vec<RouteServing> {
+        let (catalog, health) = (&self.table.catalog, &self.table.health);
+        let now = health.now_ms();
+        let mut out: Vec<RouteServing> = Vec::new();
+        let mut at: std::collections::HashMap<Arc<str>, usize> = std::collections::HashMap::new();
+        for route in &self.table.routes {
+            let enabled = route
+                .candidates
+                .iter()
+                .any(|d| catalog.provider(catalog.deployment(*d).provider).enabled);
+            if !enabled {
+                continue;
+            }
+            let can_serve = health.can_serve(catalog, &route.candidates, now);
+            match at.get(&route.label) {
+                Some(&i) => out[i].can_serve |= can_serve,
+                None => {
+                    at.insert(route.label.clone(), out.len());
+                    out.push(RouteServing {
+                        label: route.label.clone(),
+                        chain: route.kind == crate::routing::RouteKind::Chain,
+                        can_serve,
+                    });
+                }
+            }
+        }
+        out
+    }
+
     /// Build generation `generation` of `config` over `catalog` and its health records, with
     /// metrics bound to its labels. Its accounts (keys, spend) start fresh: see
     /// [`Snapshot::with_accounts`].

@@ -407,6 +407,9 @@ impl StateMetrics {
             "signalbox_state_fallbacks_total",
             "Exact admissions decided on this replica's own counters, Redis not answering within state.timeout.",
         )?;
+        // Both results' series from the start, so the family is on /metrics before a round.
+        syncs.with_label_values(&["ok"]);
+        syncs.with_label_values(&["failed"]);
         metrics.register(Box::new(up.clone()))?;
         metrics.register(Box::new(syncs.clone()))?;
         metrics.register(Box::new(fallbacks.clone()))?;

@@ -27,22 +27,36 @@ pub fn parse_ms(text: &str) -> Option<i64> {
 /// `2026-12-01T08:25:23.123Z` for unix milliseconds (proleptic Gregorian, UTC). An instant past
 /// the years `time` names (±9999) is written as the nearest one it names.
 pub fn format_ms(time_ms: i64) -> String {
-    let at = UtcDateTime::from_unix_timestamp_nanos(i128::from(time_ms) * 1_000_000).unwrap_or(
-        if time_ms < 0 {
-            UtcDateTime::MIN
-        } else {
-            UtcDateTime::MAX
-        },
-    );
+    let at = utc(i128::from(time_ms) * 1_000_000, time_ms < 0);
+    format!("{}.{:03}Z", seconds(at), at.millisecond())
+}
+
+/// `2026-12-01T08:25:23Z` for unix seconds, as [`format_ms`] otherwise.
+pub fn format_secs(secs: i64) -> String {
     format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        "{}Z",
+        seconds(utc(i128::from(secs) * 1_000_000_000, secs < 0))
+    )
+}
+
+fn utc(nanos: i128, negative: bool) -> UtcDateTime {
+    UtcDateTime::from_unix_timestamp_nanos(nanos).unwrap_or(if negative {
+        UtcDateTime::MIN
+    } else {
+        UtcDateTime::MAX
+    })
+}
+
+/// `YYYY-MM-DDTHH:MM:SS`.
+fn seconds(at: UtcDateTime) -> String {
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
         at.year(),
         u8::from(at.month()),
         at.day(),
         at.hour(),
         at.minute(),
         at.second(),
-        at.millisecond()
     )
 }
 
@@ -79,6 +93,16 @@ pub(crate) mod hinnant {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn whole_seconds_have_no_fraction() {
+        assert_eq!(super::format_secs(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::format_secs(1_764_644_400), "2025-12-02T03:00:00Z");
+        assert_eq!(
+            super::format_ms(1_764_644_400_123),
+            "2025-12-02T03:00:00.123Z"
+        );
+    }
+
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     use proptest::prelude::*;

@@ -55,16 +55,6 @@ async fn log_line<T>(gw: &Gateway, pick: impl Fn(&str) -> Option<T>) -> T {
     }
 }
 
-/// The JSON access line of one request.
-async fn json_access_line(gw: &Gateway, request_id: &str) -> serde_json::Value {
-    log_line(gw, |l| {
-        serde_json::from_str::<serde_json::Value>(l)
-            .ok()
-            .filter(|v| v["target"] == "access" && v["request_id"] == request_id)
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn json_access_line_names_every_attempt_and_never_a_secret() {
     let a = mock("a").await;
@@ -78,7 +68,7 @@ async fn json_access_line_names_every_attempt_and_never_a_secret() {
     let id = header(&r, "x-request-id").to_string();
     r.text().await.unwrap();
 
-    let line = json_access_line(&gw, &id).await;
+    let line = gw.json_access_line(&id).await;
     assert_eq!(line["level"], "INFO", "{line}");
     assert_eq!(line["route"], "model:gpt-4o-mini", "{line}");
     assert_eq!(line["provider"], "b", "{line}");
@@ -107,7 +97,7 @@ async fn json_access_line_names_every_attempt_and_never_a_secret() {
     assert_eq!(r.status(), 400);
     let id = header(&r, "x-request-id").to_string();
     r.text().await.unwrap();
-    let line = json_access_line(&gw, &id).await;
+    let line = gw.json_access_line(&id).await;
     assert_eq!(line["error"], "model_not_found", "{line}");
     assert_eq!(line["provider"], "none", "{line}");
     assert_eq!(line["status"], 400, "{line}");
@@ -172,11 +162,6 @@ async fn text_access_line_carries_the_same_fields() {
     );
 }
 
-/// The JSON access line whose `request_id` is `id`, by the id the caller chose.
-async fn line_of(gw: &Gateway, id: &str) -> serde_json::Value {
-    json_access_line(gw, id).await
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn every_access_line_names_the_method_and_path_and_the_status_the_caller_got() {
     let a = mock("a").await;
@@ -190,7 +175,7 @@ async fn every_access_line_names_the_method_and_path_and_the_status_the_caller_g
         .await
         .unwrap();
     assert_eq!(r.status(), 404);
-    let line = line_of(&gw, "obs-head-1").await;
+    let line = gw.json_access_line("obs-head-1").await;
     assert_eq!(line["method"], "HEAD", "{line}");
     assert_eq!(line["path"], "/", "{line}");
     assert_eq!(line["status"], 404, "{line}");
@@ -210,7 +195,7 @@ async fn every_access_line_names_the_method_and_path_and_the_status_the_caller_g
         .send()
         .await;
     assert!(gone.is_err(), "the caller timed out");
-    let line = line_of(&gw, "obs-gone-1").await;
+    let line = gw.json_access_line("obs-gone-1").await;
     assert_eq!(line["status"], 499, "{line}");
     assert_eq!(line["error"], "cancelled", "{line}");
     assert_eq!(line["method"], "POST", "{line}");
@@ -241,7 +226,7 @@ async fn every_access_line_names_the_method_and_path_and_the_status_the_caller_g
     assert_eq!(r.status(), 200);
     let (text, _) = read_all(r).await;
     assert!(text.contains("error"), "{text}");
-    let line = line_of(&gw, "obs-broken-1").await;
+    let line = gw.json_access_line("obs-broken-1").await;
     assert_eq!(line["status"], 200, "{line}");
     assert_eq!(line["stream_broken"], true, "{line}");
 
@@ -261,7 +246,7 @@ async fn every_access_line_names_the_method_and_path_and_the_status_the_caller_g
     assert_eq!(r.status(), 200);
     let (text, _) = read_all(r).await;
     assert!(text.contains("error"), "{text}");
-    let line = line_of(&fast, "obs-broken-2").await;
+    let line = fast.json_access_line("obs-broken-2").await;
     assert_eq!(line["status"], 200, "{line}");
     assert_eq!(line["stream_broken"], true, "{line}");
 }

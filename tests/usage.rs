@@ -9,8 +9,6 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
 use common::*;
 use serde_json::{json, Value};
 use signalbox_mock::MockHandle;
@@ -28,24 +26,6 @@ fn config(a: &MockHandle, c: &MockHandle) -> String {
         a.base_url(),
         c.base_url(),
     )
-}
-
-/// The JSON access line of one request, once written.
-async fn access_line(gw: &Gateway, id: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let log = gw.stderr();
-        let done = log.rsplit_once('\n').map_or("", |(d, _)| d);
-        if let Some(v) = done
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .find(|v| v["target"] == "access" && v["request_id"] == id)
-        {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "no access line for {id}:\n{log}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// A sample's value in the exposition (0 when absent).
@@ -167,7 +147,7 @@ async fn every_surfaces_usage_reaches_the_access_line_the_metrics_and_the_spend(
         let prompt = (call.body_len / 4) as u64;
         assert!(prompt > 0);
 
-        let line = access_line(&gw, &id).await;
+        let line = gw.json_access_line(&id).await;
         assert_eq!(line["prompt_tokens"], prompt, "{}: {line}", s.name);
         assert_eq!(
             line["completion_tokens"], s.completion,

@@ -527,9 +527,7 @@ fn is_empty_array(v: &[u8]) -> bool {
 
 fn note_stats(doc: &[u8], scan: &json::Scan, sse: bool, stats: &mut StreamStats) {
     if let Some(u) = scan.get(1) {
-        if let Ok(usage) = serde_json::from_slice::<Usage>(&doc[u.value.clone()]) {
-            stats.usage = Some(usage);
-        }
+        note_usage(&doc[u.value.clone()], stats);
     }
     // `"choices": []` with usage is a stream's usage chunk, not an empty answer; a whole
     // answer with no choices is empty whatever usage it reports.
@@ -584,9 +582,14 @@ fn note_response_usage(doc: &[u8], scan: &json::Scan, stats: &mut StreamStats) {
         return;
     };
     if let Some(u) = nested.get(0) {
-        if let Ok(usage) = serde_json::from_slice::<Usage>(&inner[u.value.clone()]) {
-            stats.usage = Some(usage);
-        }
+        note_usage(&inner[u.value.clone()], stats);
+    }
+}
+
+/// A `usage` object, in either OpenAI API's names (`null` or anything unreadable is no usage).
+fn note_usage(value: &[u8], stats: &mut StreamStats) {
+    if let Ok(usage) = serde_json::from_slice::<Usage>(value) {
+        stats.usage = Some(usage);
     }
 }
 

@@ -50,7 +50,7 @@ impl Refusal {
 pub fn response(refusal: Refusal, anthropic: bool) -> Bytes {
     let err = GatewayError::new(refusal.code(), refusal.message());
     let body = if anthropic {
-        Bytes::from(gateway_error_to_anthropic(err.status, &err.body()))
+        Bytes::from(gateway_error_to_anthropic(err.status, &err.body(), None))
     } else {
         err.body()
     };

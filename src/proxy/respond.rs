@@ -58,14 +58,11 @@ pub async fn write_error(
 ) -> pingora_error::Result<()> {
     let body = match ctx.surface.dialect() {
         Dialect::OpenAi => err.body(),
-        Dialect::Anthropic => {
-            // Anthropic's shape names the request: `{"type":"error","error":{…},"request_id":…}`.
-            let mut v: serde_json::Value =
-                serde_json::from_slice(&gateway_error_to_anthropic(err.status, &err.body()))
-                    .unwrap_or_default();
-            v["request_id"] = serde_json::Value::from(ctx.request_id.to_str().unwrap_or(""));
-            Bytes::from(v.to_string())
-        }
+        Dialect::Anthropic => Bytes::from(gateway_error_to_anthropic(
+            err.status,
+            &err.body(),
+            ctx.request_id.to_str().ok(),
+        )),
     };
     let (status, retry_after) = (err.status, err.retry_after);
     ctx.local_error = Some(err);
@@ -87,10 +84,10 @@ fn served_since() -> &'static (u64, String) {
         let secs = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let text = crate::rfc3339::format_ms(i64::try_from(secs).unwrap_or(0) * 1000);
-        // Whole seconds: `2026-12-02T03:00:00Z`.
-        let text = text.replace(".000Z", "Z");
-        (secs, text)
+        (
+            secs,
+            crate::rfc3339::format_secs(i64::try_from(secs).unwrap_or(0)),
+        )
     });
     &SINCE
 }

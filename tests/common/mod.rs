@@ -371,6 +371,29 @@ impl Gateway {
         }
     }
 
+    /// The JSON access line (`log: { format: json }`) of the request with this id, once it
+    /// is written (it follows the response: polled, with a deadline).
+    pub async fn json_access_line(&self, request_id: &str) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let log = self.stderr();
+            // Complete lines only: the gateway may be writing the last one as it is read.
+            let done = log.rsplit_once('\n').map_or("", |(d, _)| d);
+            if let Some(v) = done
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|v| v["target"] == "access" && v["request_id"] == request_id)
+            {
+                return v;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no access line for {request_id}:\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// The log once it contains `needle` (or the deadline passed).
     pub async fn stderr_with(&self, needle: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(5);

@@ -219,7 +219,7 @@ pub fn openai_error_to_anthropic(status: u16, body: &[u8]) -> Vec<u8> {
 /// Signalbox's own error (the OpenAI-shaped body of a `GatewayError`) for a messages caller:
 /// the message is signalbox's, so it is kept; the type follows the status, as Anthropic pairs
 /// them (a 400 is always `invalid_request_error`, a 404 `not_found_error`).
-pub fn gateway_error_to_anthropic(status: u16, body: &[u8]) -> Vec<u8> {
+pub fn gateway_error_to_anthropic(status: u16, body: &[u8], request_id: Option<&str>) -> Vec<u8> {
     let v: Value = serde_json::from_slice(body).unwrap_or_default();
     let message = v
         .pointer("/error/message")
@@ -228,7 +228,14 @@ pub fn gateway_error_to_anthropic(status: u16, body: &[u8]) -> Vec<u8> {
             || ErrorKind::from_openai(status, body).message().to_string(),
             str::to_string,
         );
-    anthropic_body(crate::adapters::anthropic::error_type(status), &message)
+    let error_type = crate::adapters::anthropic::error_type(status);
+    match request_id {
+        // Anthropic's shape names the request: `{"type":"error","error":{…},"request_id":…}`.
+        Some(id) => json!({"type": "error", "error": {"type": error_type, "message": message}, "request_id": id})
+            .to_string()
+            .into_bytes(),
+        None => anthropic_body(error_type, &message),
+    }
 }
 
 /// The status to answer a chat caller for an Anthropic provider's status: Anthropic's 529
@@ -404,7 +411,7 @@ mod tests {
             "model_not_found",
         );
         // The type follows the status (Anthropic pairs `not_found_error` with 404 only).
-        let out = json(&gateway_error_to_anthropic(400, &body));
+        let out = json(&gateway_error_to_anthropic(400, &body, None));
         assert_eq!(out["error"]["type"], "invalid_request_error");
         assert_eq!(
             out["error"]["message"],
@@ -417,8 +424,10 @@ mod tests {
                 "server_error",
                 "no_provider_available",
             ),
+            Some("req-1"),
         ));
         assert_eq!(out["error"]["type"], "overloaded_error");
+        assert_eq!(out["request_id"], "req-1");
     }
 
     #[test]

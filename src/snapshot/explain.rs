@@ -76,6 +76,7 @@ pub fn explain<'a>(
         user: k.user.as_deref(),
         budget: k.budget_facts(now_s),
         models: k.models().map(|m| &m[..]),
+        routing: k.routing.as_ref(),
     });
     let routed = match decide::route(&tables, &steering) {
         Ok(r) => r,
@@ -103,7 +104,8 @@ pub fn explain<'a>(
         surface,
     };
     let rankings = router.rankings.load();
-    let mut plan = decide::plan(&tables, &rankings, &env, &routed, facts).explaining();
+    let key_routing = key.and_then(|k| k.routing.as_ref());
+    let mut plan = decide::plan(&tables, &rankings, &env, &routed, facts, key_routing).explaining();
     if let Some(models) = key.and_then(|k| k.models()) {
         plan.restrict_models(models.clone());
     }

@@ -1,7 +1,8 @@
 //! A client key's own routing over sockets (`keys[].routing`, seed 002's organisation policy
 //! per key): its provider order and strategy decide unless the request's `routing` says
 //! otherwise, field by field; its excluded providers are never called, whatever the request
-//! names; its `max_attempts` lowers the route's bound, never raises it.
+//! names; its `max_attempts` lowers the route's bound, never raises it; explain as the key
+//! shows all of it.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -77,6 +78,22 @@ async fn served_by(gw: &Gateway, id: &str, routing: Option<Value>) -> String {
 
 fn calls(a: &MockHandle, b: &MockHandle, c: &MockHandle) -> (u64, u64, u64) {
     (a.calls(), b.calls(), c.calls())
+}
+
+async fn explain(gw: &Gateway, id: &str, routing: Option<Value>) -> Value {
+    let mut body = chat("m");
+    if let Some(r) = routing {
+        body["routing"] = r;
+    }
+    client()
+        .post(format!("http://{}/admin/explain?key={id}", gw.admin))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -167,4 +184,66 @@ async fn a_keys_max_attempts_lowers_the_routes_bound_never_raises_it() {
     let r = send(&gw, "generous", "two", None).await;
     assert!(r.status().is_server_error(), "{}", r.status());
     assert_eq!(calls(&a, &b, &c), (3, 2, 1), "the smaller bound");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn explain_as_a_key_shows_its_routing_applied() {
+    let (a, b, c) = mocks().await;
+    let gw = Gateway::start(config(&a, &b, &c));
+    let order = |v: &Value| -> Vec<String> {
+        v["order"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["candidate"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let v = explain(&gw, "ordered", None).await;
+    assert_eq!(order(&v), ["c/up-c", "b/up-b", "a/up-a"], "{v}");
+    assert_eq!(v["key_routing"]["provider_order"], json!(["c", "b"]), "{v}");
+    assert_eq!(v["key_routing"]["provider_order_applied"], true, "{v}");
+    assert_eq!(v["strategy_from"], "route", "{v}");
+    let v = explain(&gw, "ordered", Some(json!({"providers": ["a", "b"]}))).await;
+    assert_eq!(order(&v), ["a/up-a", "b/up-b"], "{v}");
+    assert_eq!(v["key_routing"]["provider_order_applied"], false, "{v}");
+    let v = explain(&gw, "cheap", None).await;
+    assert_eq!(
+        (&v["strategy"], &v["strategy_from"]),
+        (&json!("cheapest"), &json!("key"))
+    );
+    // The excluded candidates, each with its reason; nothing left to call.
+    let v = explain(&gw, "fenced", Some(json!({"providers": ["a"]}))).await;
+    assert_eq!(
+        v["key_routing"]["exclude_providers"],
+        json!(["a", "b"]),
+        "{v}"
+    );
+    let skipped: Vec<(String, String)> = v["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["provider"].as_str().unwrap().to_string(),
+                c["skipped"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let want = [
+        ("a", "excluded_by_key"),
+        ("b", "excluded_by_key"),
+        ("c", "routing_override"),
+    ];
+    for (provider, reason) in want {
+        assert!(
+            skipped.iter().any(|(p, r)| p == provider && r == reason),
+            "{provider}: {reason} in {skipped:?}"
+        );
+    }
+    assert!(order(&v).is_empty(), "{v}");
+    // The attempt bound the request would run under.
+    assert_eq!(explain(&gw, "single", None).await["max_attempts"], 1);
+    assert_eq!(explain(&gw, "plain", None).await["max_attempts"], 20);
+    assert!(explain(&gw, "plain", None).await["key_routing"].is_null());
+    assert_eq!(calls(&a, &b, &c), (0, 0, 0), "explaining calls no one");
 }

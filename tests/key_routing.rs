@@ -247,3 +247,51 @@ async fn explain_as_a_key_shows_its_routing_applied() {
     assert!(explain(&gw, "plain", None).await["key_routing"].is_null());
     assert_eq!(calls(&a, &b, &c), (0, 0, 0), "explaining calls no one");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_made_at_runtime_takes_its_routing_and_an_unknown_provider_is_refused() {
+    let (a, b, c) = mocks().await;
+    let gw = GatewayBuilder::new(config(&a, &b, &c) + "admin: { token_env: SB_ADMIN }\n")
+        .env("SB_ADMIN", "admin-secret")
+        .start();
+    let create = |body: Value| {
+        client()
+            .post(format!("http://{}/admin/keys", gw.admin))
+            .bearer_auth("admin-secret")
+            .json(&body)
+            .send()
+    };
+    let routing = json!({"provider_order": ["b"], "exclude_providers": ["a"]});
+    let r = create(json!({"id": "runtime", "routing": routing}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    let key = v["key"].as_str().unwrap().to_string();
+    let as_runtime = |routing: Option<Value>| {
+        let mut body = chat("m");
+        if let Some(r) = routing {
+            body["routing"] = r;
+        }
+        client()
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(&key)
+            .json(&body)
+            .send()
+    };
+    let r = as_runtime(None).await.unwrap();
+    assert_eq!(header(&r, "x-llm-provider"), "b");
+    let r = as_runtime(Some(json!({"providers": ["a"]}))).await.unwrap();
+    expect_error(r, 503, "no_provider_available").await;
+    assert_eq!(calls(&a, &b, &c), (0, 1, 0));
+    // A provider that does not exist: refused with its path, nothing changes.
+    let r = create(json!({"id": "typo", "routing": {"exclude_providers": ["nope"]}}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("routing.exclude_providers[0]") && text.contains("not a configured provider"),
+        "{text}"
+    );
+}

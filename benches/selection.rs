@@ -299,7 +299,8 @@ fn bench_decide(c: &mut Criterion) {
                     needs: request.needs(),
                     ..RequestFacts::default()
                 };
-                let mut plan = decide::plan(&tables, &router.rankings.load(), &env, &routed, facts);
+                let mut plan =
+                    decide::plan(&tables, &router.rankings.load(), &env, &routed, facts, None);
                 black_box(
                     plan.next(&env, Advance::NextDeployment)
                         .map(|c| c.target.position),

@@ -18,7 +18,15 @@ use crate::config::ConfigError;
 use crate::reload::Reloader;
 
 /// Members a created key may carry: everything a `keys[]` entry has but its secret.
-const ALLOWED: [&str; 6] = ["id", "user", "allowed_models", "rpm", "tpm", "budget"];
+const ALLOWED: [&str; 7] = [
+    "id",
+    "user",
+    "allowed_models",
+    "rpm",
+    "tpm",
+    "budget",
+    "routing",
+];
 
 /// `parts`: the path after `admin/` (`keys`, `keys/<id>`).
 pub async fn handle(
@@ -58,7 +66,8 @@ async fn create(reloader: &Arc<Reloader>, session: &mut ServerSession) -> Respon
             400,
             "invalid_request",
             &format!(
-                "unknown key {k:?}: a created key takes id, user, allowed_models, rpm, tpm, budget"
+                "unknown key {k:?}: a created key takes id, user, allowed_models, rpm, tpm, budget, \
+                 routing"
             ),
         );
     }

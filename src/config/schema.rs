@@ -164,6 +164,26 @@ pub struct KeySection {
     pub tpm: Option<u64>,
     #[serde(default)]
     pub budget: Option<BudgetSection>,
+    /// How this key's requests are routed when the request does not say.
+    #[serde(default)]
+    pub routing: Option<KeyRoutingSection>,
+}
+
+/// `keys[].routing`: the key's own routing defaults (seed 002's organisation policy, per key).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyRoutingSection {
+    /// A strategy name, as a request's `routing.strategy` may give it.
+    #[serde(default)]
+    pub strategy: Option<String>,
+    /// Provider ids whose candidates come first, in this order.
+    #[serde(default)]
+    pub provider_order: Option<Vec<String>>,
+    /// Provider ids never called for this key.
+    #[serde(default)]
+    pub exclude_providers: Option<Vec<String>>,
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
 }
 
 /// A spending limit: `{usd: 50, period: month}`.

@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::condition::Condition;
 use super::defaults;
 use super::schema::PingoraSection;
-pub use super::vocab::{LogFormat, Strategy, Weights};
+pub use super::vocab::{AskedStrategy, LogFormat, Strategy, Weights};
 use crate::server_tls::ServerCert;
 
 /// A validated configuration. Indices (`provider`, `model`) point into the vectors here.
@@ -146,6 +146,23 @@ pub struct ClientKeyConfig {
     pub rpm: Option<u32>,
     pub tpm: Option<u64>,
     pub budget: Option<BudgetConfig>,
+    /// `routing`: the key's own routing, between the request's `routing` and the route's.
+    pub routing: Option<KeyRoutingConfig>,
+}
+
+/// A key's `routing` (seed 002's organisation policy, per key), its providers resolved to
+/// indices into `providers`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyRoutingConfig {
+    /// Replaces the route's strategy unless the request asks for one.
+    pub strategy: Option<AskedStrategy>,
+    /// Providers whose candidates come first, in this order, unless the request names its own
+    /// `routing.providers`.
+    pub provider_order: Vec<usize>,
+    /// Providers never called for this key, whatever the request names.
+    pub exclude_providers: Vec<usize>,
+    /// Upstream calls per request at most (the route's own bound still holds).
+    pub max_attempts: Option<u32>,
 }
 
 /// What signalbox adds to response bodies (the `response` section).

@@ -103,6 +103,40 @@ impl Strategy {
     }
 }
 
+/// A strategy a request's `routing.strategy` or a key's `routing.strategy` asks for: any name
+/// [`Strategy::parse`] accepts, or `smart`, not yet a strategy of its own and taken as
+/// `priority_cheapest` (seed 002). One parser, so a key accepts exactly what a request may ask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AskedStrategy {
+    pub strategy: Strategy,
+    /// `smart` was asked for (reported as `reason=smart_fallback`).
+    pub smart_fallback: bool,
+}
+
+impl AskedStrategy {
+    pub fn parse(name: &str) -> Option<Self> {
+        if name == "smart" {
+            return Some(Self {
+                strategy: Strategy::PriorityCheapest,
+                smart_fallback: true,
+            });
+        }
+        Strategy::parse(name).map(|strategy| Self {
+            strategy,
+            smart_fallback: false,
+        })
+    }
+
+    /// What a strategy that was asked for is written as (`smart` stays `smart`).
+    pub fn as_str(self) -> &'static str {
+        if self.smart_fallback {
+            "smart"
+        } else {
+            self.strategy.as_str()
+        }
+    }
+}
+
 /// Blend weights of the scored strategies (`w_r·reliability + w_s·speed + w_c·capability`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Weights {

@@ -7,6 +7,8 @@
 //! limits the names it may send (`allowed_models` globs over `model`, `routing.policy`,
 //! `x-llm-route`), its requests and tokens per minute and its spend over a calendar period
 //! (counters from [`crate::limits`]); all of it is checked before any candidate is considered.
+//! A key may also carry its own routing ([`KeyRouting`]: strategy, provider order, exclusions,
+//! attempt bound), compiled here with the table.
 //!
 //! Counters live in a [`KeyState`] shared across reloads by key id, so a reload neither
 //! forgets a minute's requests nor refunds a month's spend.
@@ -24,6 +26,7 @@ pub use crate::limits::budget::cost_micro_usd;
 use crate::limits::budget::Spend;
 use crate::limits::hold::Reserved;
 use crate::limits::window::Window;
+use crate::routing::key::KeyRouting;
 
 /// Output tokens assumed for a request that sets no `max_tokens` (DESIGN §8).
 pub const DEFAULT_OUTPUT_ESTIMATE: u64 = 256;
@@ -55,6 +58,8 @@ pub struct ClientKey {
     pub state: Arc<KeyState>,
     /// Its user's budget (`budgets.users.<user>`), shared by every key of that user.
     pub user_budget: Option<(BudgetConfig, Arc<Spend>)>,
+    /// Its own routing (`routing`), resolved against this snapshot's providers.
+    pub routing: Option<KeyRouting>,
 }
 
 /// Why a key may not send a request now.
@@ -250,12 +255,14 @@ pub struct KeyTable {
 impl KeyTable {
     /// Build from the config; a key whose state a previous table held keeps it. `models` are
     /// the catalog's model names, in catalog order (each key's globs are matched against them
-    /// once, here). `env` reads a `key_env` variable. Warnings name keys that cannot be used
+    /// once, here); `providers` is how many providers the catalog has (a key's `routing` is
+    /// compiled into per-provider tables). `env` reads a `key_env` variable. Warnings name keys that cannot be used
     /// (an unset variable) and keys whose globs match no catalog model.
     pub fn build(
         configs: &[ClientKeyConfig],
         user_budgets: &[(String, BudgetConfig)],
         models: &[&str],
+        providers: usize,
         previous: Option<&KeyTable>,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> (Self, Vec<String>) {
@@ -332,6 +339,7 @@ impl KeyTable {
                     let (_, b) = user_budgets.iter().find(|(name, _)| name == u)?;
                     Some((*b, table.user_spend.get(u)?.clone()))
                 }),
+                routing: c.routing.as_ref().map(|r| KeyRouting::build(r, providers)),
             });
         }
         (table, warnings)
@@ -393,6 +401,7 @@ mod tests {
                 micro_usd: 500,
                 period: BudgetPeriod::Day,
             }),
+            routing: None,
         }
     }
 
@@ -413,7 +422,7 @@ mod tests {
     fn a_key_is_found_by_its_digest_and_its_state_survives_a_rebuild() {
         let env = |_: &str| None;
         let models = ["gpt-4o-mini", "claude"];
-        let (t, w) = KeyTable::build(&[config("team", "sk-team")], &[], &models, None, &env);
+        let (t, w) = KeyTable::build(&[config("team", "sk-team")], &[], &models, 0, None, &env);
         assert!(w.is_empty());
         let (i, k) = t.authenticate(b"sk-team").expect("found");
         assert_eq!((i, &*k.id), (0, "team"));
@@ -422,10 +431,17 @@ mod tests {
         // Its globs, matched against the catalog's models once.
         assert!(k.may_use(0) && !k.may_use(1) && !k.may_use(2));
         // A key whose globs match no model is warned about.
-        let (_, w) = KeyTable::build(&[config("team", "sk-team")], &[], &["claude"], None, &env);
+        let (_, w) = KeyTable::build(
+            &[config("team", "sk-team")],
+            &[],
+            &["claude"],
+            0,
+            None,
+            &env,
+        );
         assert!(w[0].contains("matches no catalog model"), "{w:?}");
         k.admit(100, 10).expect("first");
-        let (t2, _) = KeyTable::build(&[config("team", "sk-team")], &[], &[], Some(&t), &env);
+        let (t2, _) = KeyTable::build(&[config("team", "sk-team")], &[], &[], 0, Some(&t), &env);
         let k2 = t2.by_id("team").expect("kept");
         assert_eq!(k2.state.requests.used(100), 1, "a reload keeps the minute");
     }
@@ -435,7 +451,7 @@ mod tests {
         let env = |name: &str| (name == "K").then(|| "sk-env".to_string());
         let mut c = config("envkey", "");
         c.source = ClientKeySource::Env("K".into());
-        let (t, _) = KeyTable::build(&[c], &[], &[], None, &env);
+        let (t, _) = KeyTable::build(&[c], &[], &[], 0, None, &env);
         let (_, k) = t.authenticate(b"sk-env").expect("from the environment");
         let r = k.admit(1_000, 400).expect("1 of 2");
         k.settle(r, 1_001, Some(100), Some(300), None);
@@ -455,7 +471,7 @@ mod tests {
         let r = k.admit(1_070, 10).expect("a new minute");
         k.settle(r, 1_071, None, Some(300), None);
         assert!(matches!(k.admit(1_140, 1), Err(Refusal::BudgetExceeded(_))));
-        let missing = KeyTable::build(&[config("x", "a")], &[], &[], None, &|_| None).0;
+        let missing = KeyTable::build(&[config("x", "a")], &[], &[], 0, None, &|_| None).0;
         assert_eq!(missing.len(), 1);
     }
 

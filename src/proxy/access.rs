@@ -245,6 +245,7 @@ pub fn facts<'t>(ctx: &RequestCtx, snapshot: &'t Snapshot) -> Option<KeyFacts<'t
         user: key.user.as_deref(),
         budget: key.budget_facts(now_s(ctx)),
         models: key.models().map(|m| &m[..]),
+        routing: key.routing.as_ref(),
     })
 }
 

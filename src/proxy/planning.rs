@@ -117,6 +117,11 @@ pub fn plan_request(
         rules.same_target = p.retry.unwrap_or(rules.same_target);
         failover_on_client_error = p.failover_on_client_error;
     }
+    let key = access::key(ctx, snapshot);
+    let key_routing = key.and_then(|k| k.routing.as_ref());
+    if let Some(r) = key_routing {
+        rules.max_attempts = r.max_attempts(rules.max_attempts);
+    }
     let session_hash = headers
         .get(respond::names::X_LLM_SESSION)
         .filter(|v| !v.is_empty() && v.len() <= 256)
@@ -139,9 +144,9 @@ pub fn plan_request(
         surface: ctx.surface,
     };
     let rankings = runtime.rankings.load();
-    let mut plan = decide::plan(snapshot, &rankings, &env, &routed, facts);
+    let mut plan = decide::plan(snapshot, &rankings, &env, &routed, facts, key_routing);
     // The key's scope covers every candidate, wherever the route took it from.
-    if let Some(models) = access::key(ctx, snapshot).and_then(|k| k.models()) {
+    if let Some(models) = key.and_then(|k| k.models()) {
         plan.restrict_models(models.clone());
     }
     let first = next_target(&mut plan, &env, &snapshot.health, Advance::NextDeployment);

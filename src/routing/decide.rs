@@ -12,23 +12,29 @@
 //! the candidates and, under `priority`, breaks ties in its own order. `routing.enabled:
 //! false` makes every policy name name nothing.
 //!
+//! The caller key's `routing` ([`KeyRouting`]) sits between the request's and the route's,
+//! field by field: its strategy when the request asks for none, its `provider_order` when the
+//! request names no `routing.providers`. Its exclusions hold whatever the request names.
+//!
 //! Everything here is a pure function of the snapshot and the request. What the proxy then
 //! applies — a route's round-robin turn, claimed probe slots — stays with the proxy.
 
 use std::sync::Arc;
 
+use super::key::KeyRouting;
 use super::plan::{Plan, PlanEnv, RequestFacts};
 use super::policy::{PolicyIdx, RuleDest, Selection};
 use super::rank::Rankings;
 use super::scoring::{rank, RankBy};
+use super::table::Segment;
 use super::{resolve, Resolution, ResolveError, RouteIdx, RouteTable};
 use crate::adapters::caller::CallerRequest;
 use crate::adapters::facts::Complexity;
 use crate::adapters::tokenizer::{self, Encoding};
 use crate::catalog::surface::Surface;
-use crate::catalog::{Deployment, DeploymentIdx, ProviderIdx};
+use crate::catalog::{Catalog, Deployment, DeploymentIdx, ProviderIdx};
 use crate::config::condition::{FactValue, Facts, Field};
-use crate::config::Strategy;
+use crate::config::{AskedStrategy, Strategy};
 use crate::error::{ErrorCode, GatewayError};
 
 /// Output tokens assumed when the request does not say (`max_tokens`).
@@ -174,6 +180,8 @@ pub struct KeyFacts<'a> {
     /// The catalog models (by index) the key may be served by; `None`: all. A weighted pool
     /// draws among the ones it may use, and the plan skips the others.
     pub models: Option<&'a [bool]>,
+    /// The key's own routing (`keys[].routing`), when it has one.
+    pub routing: Option<&'a KeyRouting>,
 }
 
 /// The facts conditions read, from one request.
@@ -228,9 +236,10 @@ pub struct Routed {
     pub via: Via,
     /// The strategy this request is ranked by.
     pub strategy: Strategy,
-    /// The request asked for a strategy of its own (ranked now, not from the tables).
+    /// The request (or its key) asked for a strategy other than the route's (ranked now, not
+    /// from the tables).
     pub strategy_override: bool,
-    /// The request asked for `smart`, taken as `priority_cheapest`.
+    /// The request (or its key) asked for `smart`, taken as `priority_cheapest`.
     pub smart_fallback: bool,
     /// `routing.providers`, resolved.
     pub providers: Option<Vec<ProviderIdx>>,
@@ -292,16 +301,13 @@ pub fn route(tables: &RouteTable, steering: &Steering<'_>) -> Result<Routed, Dec
         },
     };
     let base = tables.route(route).strategy;
-    let (strategy, strategy_override, smart_fallback) =
-        match overrides.and_then(|r| r.strategy.as_deref()) {
-            None => (base, false, false),
-            Some("smart") => (Strategy::PriorityCheapest, true, true),
-            Some(name) => (
-                Strategy::parse(name).ok_or(DecideError::UnknownStrategy)?,
-                true,
-                false,
-            ),
-        };
+    // The request's strategy, else the key's, else the route's.
+    let asked = match overrides.and_then(|r| r.strategy.as_deref()) {
+        Some(name) => Some(AskedStrategy::parse(name).ok_or(DecideError::UnknownStrategy)?),
+        None => steering.key.and_then(|k| k.routing?.strategy),
+    };
+    let (strategy, smart_fallback) =
+        asked.map_or((base, false), |a| (a.strategy, a.smart_fallback));
     let providers = match overrides.and_then(|r| r.providers.as_ref()) {
         None => None,
         Some(ids) => Some(
@@ -316,7 +322,7 @@ pub fn route(tables: &RouteTable, steering: &Steering<'_>) -> Result<Routed, Dec
         adhoc,
         via,
         strategy,
-        strategy_override: strategy_override && strategy != base,
+        strategy_override: strategy != base,
         smart_fallback,
         providers,
     })
@@ -446,18 +452,25 @@ pub fn input_tokens(tables: &RouteTable, routed: &Routed, request: &CallerReques
 }
 
 /// The plan of a routed request: the route's ranked order (from the shared tables, or ranked
-/// now for a strategy of the request's own), narrowed and tie-broken by `routing.providers`.
+/// now for a strategy of the request's or its key's own), narrowed and tie-broken by
+/// `routing.providers`, else reordered by the key's `provider_order`; the key's exclusions
+/// applied either way.
 pub fn plan(
     tables: &RouteTable,
     rankings: &Rankings,
     env: &PlanEnv<'_>,
     routed: &Routed,
     facts: RequestFacts,
+    key: Option<&KeyRouting>,
 ) -> Plan {
+    let excluded = key.and_then(KeyRouting::excluded);
     if let Some(d) = &routed.adhoc {
         let mut plan = Plan::adhoc(d.clone(), facts);
         if let Some(p) = &routed.providers {
             plan.restrict_to(p.clone());
+        }
+        if let Some(e) = excluded {
+            plan.exclude_providers(e.clone());
         }
         return plan;
     }
@@ -492,11 +505,60 @@ pub fn plan(
         });
         order = v.into();
     }
-    let mut plan = Plan::new(order, routed.strategy, facts).with_lead_span(route.lead_span());
+    let mut lead_span = route.lead_span();
+    // The request's `routing.providers` replaces the key's order (field by field).
+    if let (None, Some(k)) = (&routed.providers, key.filter(|k| k.orders_providers())) {
+        order = by_key_order(&tables.catalog, order, &route.segments, k);
+        lead_span = lead_span.min(first_provider_run(&tables.catalog, &order, k));
+    }
+    let mut plan = Plan::new(order, routed.strategy, facts).with_lead_span(lead_span);
     if let Some(p) = &routed.providers {
         plan.restrict_to(p.clone());
     }
+    if let Some(e) = excluded {
+        plan.exclude_providers(e.clone());
+    }
     plan
+}
+
+/// A ranked order reordered by the key's `provider_order`: within each segment (a policy's
+/// targets keep their order), the candidates of the providers it lists first, in its order,
+/// then the others; the strategy's order stands within each provider and among the others (a
+/// stable sort). An order already in that shape is returned as it is, uncopied.
+fn by_key_order(
+    catalog: &Catalog,
+    order: Arc<[DeploymentIdx]>,
+    segments: &[Segment],
+    key: &KeyRouting,
+) -> Arc<[DeploymentIdx]> {
+    let place = |d: &DeploymentIdx| key.rank(catalog.deployment(*d).provider);
+    let in_shape = segments.iter().all(|s| {
+        order
+            .get(s.range.clone())
+            .is_none_or(|part| part.is_sorted_by_key(place))
+    });
+    if in_shape {
+        return order;
+    }
+    let mut v = order.to_vec();
+    for s in segments {
+        if let Some(part) = v.get_mut(s.range.clone()) {
+            part.sort_by_key(place);
+        }
+    }
+    v.into()
+}
+
+/// How many leading candidates belong to the provider the key's order put first: a lead pick
+/// (load balancing, the cheapest for this request, exploration) chooses among those only, so
+/// the key's order decides which provider is called first. When no listed provider serves the
+/// route, every candidate is of the same (unlisted) place and the span is the whole order.
+fn first_provider_run(catalog: &Catalog, order: &[DeploymentIdx], key: &KeyRouting) -> usize {
+    let place = |d: &DeploymentIdx| key.rank(catalog.deployment(*d).provider);
+    let Some(first) = order.first().map(place) else {
+        return 0;
+    };
+    order.iter().take_while(|d| place(d) == first).count()
 }
 
 impl DecideError {
@@ -733,6 +795,71 @@ rules:
             super::route(&t, &headers.steer(Surface::ChatCompletions, &request, 1)).err(),
             Some(DecideError::NoSuchPolicy { header: true })
         );
+    }
+
+    /// The upstream models a plan would call, in order, if each failed.
+    fn walk(t: &RouteTable, env: &PlanEnv<'_>, mut plan: Plan) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Some(choice) = plan.next(env, crate::attempt::Advance::NextDeployment) {
+            plan.commit(&choice);
+            let d = plan.deployment(&t.catalog, choice.target.position);
+            out.push(d.map(|d| d.upstream_model.to_string()).unwrap_or_default());
+        }
+        out
+    }
+
+    #[test]
+    fn a_keys_provider_order_holds_within_each_segment_and_leads_with_its_first_provider() {
+        let k = Fixture::new(
+            r#"
+providers:
+  a: { kind: openai, base_url: "http://127.0.0.1:1/v1" }
+  b: { kind: openai, base_url: "http://127.0.0.1:2/v1" }
+models:
+  both:
+    strategy: round_robin
+    deployments: [{ provider: a, model: x, priority: 1 }, { provider: b, model: y, priority: 1 }]
+  solo: { deployments: [{ provider: a, model: z }] }
+policies:
+  backed: { select: [ { router: priority, targets: [ { model: solo } ] } ], on_failure: [both] }
+"#,
+        );
+        let t = k.route_table();
+        let env = k.env(false);
+        let rankings = Rankings::build(&t, env.now_ms);
+        let b = t.catalog.provider_by_id("b").expect("b").idx.get();
+        let key = KeyRouting::build(
+            &crate::config::KeyRoutingConfig {
+                provider_order: vec![b],
+                ..Default::default()
+            },
+            t.catalog.providers.len(),
+        );
+        let plan_for = |model: &str, turn: usize, key: Option<&KeyRouting>| {
+            let body = format!(r#"{{"model":"{model}","messages":[]}}"#);
+            let request =
+                CallerRequest::OpenAi(ChatRequest::parse(Bytes::from(body)).expect("a valid body"));
+            let headers = SteeringHeaders::default();
+            let routed = super::route(&t, &headers.steer(Surface::ChatCompletions, &request, 3))
+                .expect("ok");
+            let facts = RequestFacts {
+                round_robin: turn,
+                ..RequestFacts::default()
+            };
+            walk(&t, &env, plan(&t, &rankings, &env, &routed, facts, key))
+        };
+        // Round robin alone takes turns; with the key's order, b leads every turn.
+        assert_eq!(plan_for("both", 0, None), ["x", "y"]);
+        assert_eq!(plan_for("both", 1, None), ["y", "x"]);
+        for turn in 0..3 {
+            assert_eq!(
+                plan_for("both", turn, Some(&key)),
+                ["y", "x"],
+                "turn {turn}"
+            );
+        }
+        // A policy's selected model stays first: the order holds within its fallbacks.
+        assert_eq!(plan_for("backed", 0, Some(&key)), ["z", "y", "x"]);
     }
 
     #[test]

@@ -3,12 +3,14 @@
 //!
 //! Everything here is a pure function of the routing snapshot ([`table::RouteTable`]), live
 //! health and the request's facts: [`scoring`] orders candidates by a strategy, [`lead`]
-//! makes the per-request first pick, [`plan`] walks them; [`route`] is what a name resolves to; [`rank`] keeps the shared orders
-//! current in the background. `proxy` only connects it to Pingora's hooks and applies what the
-//! plan claims. That keeps the decisions unit-testable and benchable without a socket, and
-//! lets `explain` run the very same walk.
+//! makes the per-request first pick, [`plan`] walks them; [`route`] is what a name resolves
+//! to; [`rank`] keeps the shared orders current in the background; [`key`] is a caller key's
+//! own routing, compiled once per snapshot. `proxy` only connects it to Pingora's hooks and
+//! applies what the plan claims. That keeps the decisions unit-testable and benchable without
+//! a socket, and lets `explain` run the very same walk.
 
 pub mod decide;
+pub mod key;
 pub mod lead;
 pub mod plan;
 pub mod policy;

@@ -58,6 +58,8 @@ pub enum SkipReason {
     Unresolved,
     /// Left out by the request's `routing.providers`.
     Excluded,
+    /// Its provider is in the caller key's `routing.exclude_providers` (no request undoes it).
+    ExcludedByKey,
     /// Its model is outside the caller key's `allowed_models`.
     NotAllowed,
     /// Its provider's API cannot serve the endpoint the caller called (embeddings on an
@@ -90,11 +92,12 @@ pub enum SkipReason {
 }
 
 impl SkipReason {
-    pub const ALL: [SkipReason; 19] = [
+    pub const ALL: [SkipReason; 20] = [
         SkipReason::ProviderDisabled,
         SkipReason::NoCredential,
         SkipReason::Unresolved,
         SkipReason::Excluded,
+        SkipReason::ExcludedByKey,
         SkipReason::NotAllowed,
         SkipReason::Endpoint,
         SkipReason::NeedsStream,
@@ -119,6 +122,7 @@ impl SkipReason {
             SkipReason::NoCredential => "no_credential",
             SkipReason::Unresolved => "unresolved",
             SkipReason::Excluded => "routing_override",
+            SkipReason::ExcludedByKey => "excluded_by_key",
             SkipReason::NotAllowed => "not_allowed",
             SkipReason::Endpoint => "endpoint",
             SkipReason::NeedsStream => "capability:stream",
@@ -250,6 +254,8 @@ pub struct Plan {
     facts: RequestFacts,
     /// Providers the request allowed (`routing.providers`); `None` = all.
     allowed: Option<Vec<ProviderIdx>>,
+    /// Per provider (by index): excluded by the caller key's `routing`; `None` = none.
+    excluded: Option<Arc<[bool]>>,
     /// Catalog models the caller's key may be served by (by index); `None` = all.
     models: Option<Arc<[bool]>>,
     /// How many leading candidates a lead pick may choose among (a policy's selected model,
@@ -293,6 +299,7 @@ impl Plan {
             strategy,
             facts,
             allowed: None,
+            excluded: None,
             models: None,
             lead_span: usize::MAX,
             min_context: None,
@@ -318,12 +325,28 @@ impl Plan {
         self.allowed = Some(providers);
     }
 
-    /// Whether the request's `routing.providers` (if any) leaves `provider` in the plan.
+    /// Leave out the providers the caller key excludes (per provider index), whatever the
+    /// request's `routing.providers` names.
+    pub fn exclude_providers(&mut self, excluded: Arc<[bool]>) {
+        self.excluded = Some(excluded);
+    }
+
+    /// Whether the request's `routing.providers` and the key's exclusions (if any) leave
+    /// `provider` in the plan.
     #[inline]
     pub fn allows_provider(&self, provider: ProviderIdx) -> bool {
-        self.allowed
+        !self.key_excludes(provider)
+            && self
+                .allowed
+                .as_ref()
+                .is_none_or(|allowed| allowed.contains(&provider))
+    }
+
+    #[inline]
+    fn key_excludes(&self, provider: ProviderIdx) -> bool {
+        self.excluded
             .as_ref()
-            .is_none_or(|allowed| allowed.contains(&provider))
+            .is_some_and(|e| e.get(provider.get()).copied().unwrap_or(false))
     }
 
     /// Restrict the plan to the catalog models a caller's key may be served by (by index): a
@@ -580,6 +603,10 @@ impl Plan {
             return Err(SkipReason::Excluded);
         };
         let p = env.catalog.provider(d.provider);
+        // Before the request's own narrowing: the key's exclusion is the reason that holds.
+        if self.key_excludes(d.provider) {
+            return Err(SkipReason::ExcludedByKey);
+        }
         if let Some(allowed) = &self.allowed {
             if !allowed.contains(&d.provider) {
                 return Err(SkipReason::Excluded);

@@ -7,7 +7,9 @@
 //! advancing round-robin and credential cursors), so explaining changes nothing. The answer
 //! is JSON: the route and how it was reached (which rules were tried, which `select` entry
 //! held and why, the weighted shares or the complexity tier), every candidate kept or skipped
-//! with its reason, and the order the attempts would take if each failed. `POST
+//! with its reason, and the order the attempts would take if each failed. Explained as a
+//! client key (`?key=<id>`), the key's own routing is applied as on the proxy and shown
+//! (`key_routing`: its fields, which of them this request left in force). `POST
 //! /admin/explain` returns it; `signalbox explain` prints it.
 
 use crate::catalog::surface::Surface;
@@ -17,9 +19,10 @@ use serde_json::{json, Value};
 use super::{Runtime, Snapshot};
 use crate::adapters::caller::CallerRequest;
 use crate::attempt::Advance;
-use crate::catalog::stable_hash;
+use crate::catalog::{stable_hash, ProviderIdx};
 use crate::error::{ErrorCode, GatewayError};
 use crate::routing::decide::{self, SteeringHeaders, Via};
+use crate::routing::key::KeyRouting;
 use crate::routing::plan::{Plan, PlanEnv, RequestFacts};
 use crate::routing::policy::{EntryRouter, Pick};
 use crate::routing::scoring::cost_micro;
@@ -76,7 +79,9 @@ pub fn explain<'a>(
         user: k.user.as_deref(),
         budget: k.budget_facts(now_s),
         models: k.models().map(|m| &m[..]),
+        routing: k.routing.as_ref(),
     });
+    let key_routing = key.and_then(|k| k.routing.as_ref());
     let routed = match decide::route(&tables, &steering) {
         Ok(r) => r,
         Err(e) => return error(&e.answer(&request)),
@@ -103,7 +108,7 @@ pub fn explain<'a>(
         surface,
     };
     let rankings = router.rankings.load();
-    let mut plan = decide::plan(&tables, &rankings, &env, &routed, facts).explaining();
+    let mut plan = decide::plan(&tables, &rankings, &env, &routed, facts, key_routing).explaining();
     if let Some(models) = key.and_then(|k| k.models()) {
         plan.restrict_models(models.clone());
     }
@@ -137,7 +142,10 @@ pub fn explain<'a>(
         "rules": rules,
         "via": via(&tables, &routed, &request, key.and_then(|k| k.models()).map(|m| &m[..])),
         "strategy": routed.strategy.as_str(),
+        "strategy_from": strategy_from(&request, key_routing),
         "smart_fallback": routed.smart_fallback,
+        "max_attempts": max_attempts(&tables, &routed, key_routing),
+        "key_routing": key.and_then(|k| Some(key_routing_json(&tables, &k.id, k.routing.as_ref()?, &request))),
         "needs": {
             "stream": request.needs().stream,
             "tools": request.needs().tools,
@@ -155,6 +163,51 @@ pub fn explain<'a>(
             "probe": t.probe,
         })).collect::<Vec<_>>(),
         "degraded": env.degraded,
+    })
+}
+
+/// Who chose the strategy: the request's `routing.strategy`, the key's `routing.strategy`, or
+/// the route.
+fn strategy_from(request: &CallerRequest, key: Option<&KeyRouting>) -> &'static str {
+    if request.routing().is_some_and(|r| r.strategy.is_some()) {
+        "request"
+    } else if key.is_some_and(|k| k.strategy.is_some()) {
+        "key"
+    } else {
+        "route"
+    }
+}
+
+/// The attempt bound the request would run under: the policy's, else `failover`'s, lowered by
+/// the key's (as the proxy sets it).
+fn max_attempts(tables: &Snapshot, routed: &decide::Routed, key: Option<&KeyRouting>) -> u32 {
+    let route_max = match routed.via {
+        Via::Policy { policy, .. } => tables.policy(policy).max_attempts,
+        _ => None,
+    }
+    .unwrap_or(tables.failover.max_attempts);
+    key.map_or(route_max, |k| k.max_attempts(route_max))
+}
+
+/// The key's `routing` as configured, and which of its fields this request left in force (a
+/// request's own `routing.strategy` and `routing.providers` replace the key's; its exclusions
+/// always hold and show as `excluded_by_key` skips among the candidates).
+fn key_routing_json(tables: &Snapshot, id: &str, k: &KeyRouting, request: &CallerRequest) -> Value {
+    let name = |p: ProviderIdx| tables.catalog.provider(p).id.to_string();
+    let overrides = request.routing();
+    let excluded: Vec<String> = (0..tables.catalog.providers.len())
+        .filter_map(|p| u32::try_from(p).ok().map(ProviderIdx))
+        .filter(|p| k.excludes(*p))
+        .map(name)
+        .collect();
+    json!({
+        "key": id,
+        "strategy": k.strategy.map(|s| s.as_str()),
+        "strategy_applied": k.strategy.is_some() && overrides.is_none_or(|r| r.strategy.is_none()),
+        "provider_order": k.provider_order().iter().copied().map(name).collect::<Vec<_>>(),
+        "provider_order_applied": k.orders_providers() && overrides.is_none_or(|r| r.providers.is_none()),
+        "exclude_providers": excluded,
+        "max_attempts": k.configured_max_attempts(),
     })
 }
 
@@ -281,6 +334,9 @@ pub fn render_text(v: &Value) -> String {
     let _ = writeln!(out, "route:    {}", v["route"].as_str().unwrap_or("?"));
     let _ = writeln!(out, "strategy: {}", v["strategy"].as_str().unwrap_or("?"));
     let _ = writeln!(out, "via:      {}", v["via"]);
+    if v["key_routing"].is_object() {
+        let _ = writeln!(out, "key:      {}", v["key_routing"]);
+    }
     if let Some(first) = v["first"].as_object() {
         let _ = writeln!(
             out,

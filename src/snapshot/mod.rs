@@ -193,6 +193,7 @@ impl Snapshot {
             keys,
             &config.user_budgets,
             &models,
+            self.table.catalog.providers.len(),
             previous.and_then(|p| p.keys.as_deref()),
             &env,
         );

@@ -1,9 +1,16 @@
 //! The `keys` section: client keys, each known by its sha256 or an environment variable, with
-//! what it may name (`allowed_models` globs), its rate limits and its budget.
+//! what it may name (`allowed_models` globs), its rate limits, its budget and its own routing
+//! (`routing`: strategy, provider order and exclusions, attempt bound; providers resolved to
+//! indices here).
 
 use super::admin::is_env_name;
-use crate::config::schema::{BudgetSection, KeySection};
-use crate::config::types::{BudgetConfig, BudgetPeriod, ClientKeyConfig, ClientKeySource};
+use super::models::strategy_names;
+use super::providers::Providers;
+use crate::config::schema::{BudgetSection, KeyRoutingSection, KeySection};
+use crate::config::types::{
+    AskedStrategy, BudgetConfig, BudgetPeriod, ClientKeyConfig, ClientKeySource, KeyRoutingConfig,
+    MAX_ATTEMPTS_CEILING,
+};
 use crate::config::values::is_slug;
 use crate::config::ConfigError;
 
@@ -14,6 +21,7 @@ const MAX_GLOBS: usize = 256;
 
 pub(super) fn validate_keys(
     keys: &[KeySection],
+    providers: &Providers,
     errs: &mut Vec<ConfigError>,
 ) -> Vec<ClientKeyConfig> {
     if keys.len() > MAX_KEYS {
@@ -108,6 +116,10 @@ pub(super) fn validate_keys(
             .budget
             .as_ref()
             .and_then(|b| validate_budget(b, &format!("{path}.budget"), errs));
+        let routing = k
+            .routing
+            .as_ref()
+            .map(|r| validate_key_routing(r, providers, &format!("{path}.routing"), errs));
         out.push(ClientKeyConfig {
             id: k.id.clone(),
             source,
@@ -116,9 +128,79 @@ pub(super) fn validate_keys(
             rpm: k.rpm,
             tpm: k.tpm,
             budget,
+            routing,
         });
     }
     out
+}
+
+/// `keys[].routing`: a strategy a request could ask for, provider ids that exist (each listed
+/// once, none both ordered and excluded), and an attempt bound of at least one.
+fn validate_key_routing(
+    r: &KeyRoutingSection,
+    providers: &Providers,
+    path: &str,
+    errs: &mut Vec<ConfigError>,
+) -> KeyRoutingConfig {
+    let strategy = r.strategy.as_deref().and_then(|name| {
+        let asked = AskedStrategy::parse(name);
+        if asked.is_none() {
+            errs.push(ConfigError::new(
+                format!("{path}.strategy"),
+                format!(
+                    "unknown strategy {name:?}; one of smart, {}",
+                    strategy_names()
+                ),
+            ));
+        }
+        asked
+    });
+    let ids = |field: &str, list: Option<&Vec<String>>, errs: &mut Vec<ConfigError>| {
+        let mut out: Vec<usize> = Vec::new();
+        for (i, id) in list.into_iter().flatten().enumerate() {
+            let at = format!("{path}.{field}[{i}]");
+            match providers.index.get(id) {
+                None => errs.push(ConfigError::new(
+                    at,
+                    format!("{id:?} is not a configured provider"),
+                )),
+                Some(p) if out.contains(p) => {
+                    errs.push(ConfigError::new(at, format!("{id:?} is listed twice")));
+                }
+                Some(&p) => out.push(p),
+            }
+        }
+        out
+    };
+    let provider_order = ids("provider_order", r.provider_order.as_ref(), errs);
+    let exclude_providers = ids("exclude_providers", r.exclude_providers.as_ref(), errs);
+    for (i, p) in exclude_providers.iter().enumerate() {
+        if provider_order.contains(p) {
+            errs.push(ConfigError::new(
+                format!("{path}.exclude_providers[{i}]"),
+                format!(
+                    "{:?} is in provider_order too; a provider is ordered or excluded, not both",
+                    providers.list[*p].id
+                ),
+            ));
+        }
+    }
+    if let Some(n) = r.max_attempts {
+        if n == 0 || n > MAX_ATTEMPTS_CEILING {
+            errs.push(ConfigError::new(
+                format!("{path}.max_attempts"),
+                format!("1 to {MAX_ATTEMPTS_CEILING}"),
+            ));
+        }
+    }
+    KeyRoutingConfig {
+        strategy,
+        provider_order,
+        exclude_providers,
+        max_attempts: r
+            .max_attempts
+            .filter(|n| (1..=MAX_ATTEMPTS_CEILING).contains(n)),
+    }
 }
 
 /// `{usd, period}`: a positive finite amount (kept in micro-USD) and a calendar period.
@@ -154,7 +236,9 @@ pub(super) fn validate_budget(
 
 #[cfg(test)]
 mod tests {
-    use crate::config::{parse, BudgetPeriod, ClientKeySource};
+    use crate::config::{
+        parse, AskedStrategy, BudgetPeriod, ClientKeySource, KeyRoutingConfig, Strategy,
+    };
 
     const BASE: &str = "providers: { p: { kind: openai, base_url: \"http://127.0.0.1:1/v1\" } }\nmodels: { m: { deployments: [ { provider: p, model: m } ] } }\n";
 
@@ -179,10 +263,46 @@ mod tests {
             Some((50_000_000, BudgetPeriod::Month))
         );
         assert!(matches!(keys[1].source, ClientKeySource::Env(ref n) if n == "OPS_KEY"));
+        assert_eq!(keys[0].routing, None, "no routing of its own");
         assert!(
             parse(BASE).expect("valid").keys.is_none(),
             "no section: no caller auth"
         );
+    }
+
+    #[test]
+    fn a_keys_routing_is_read_with_its_providers_resolved() {
+        let two = BASE.replace(
+            "providers: { p:",
+            "providers: { q: { kind: openai, base_url: \"http://127.0.0.1:2/v1\" }, p:",
+        );
+        let c = parse(&format!(
+            "{two}keys:\n  - {{ id: a, key_env: X, routing: {{ strategy: smart, provider_order: [q], exclude_providers: [p], max_attempts: 2 }} }}\n  - {{ id: b, key_env: Y, routing: {{}} }}\n"
+        ))
+        .expect("valid");
+        let keys = c.keys.expect("keys");
+        let (p, q) = (
+            c.providers.iter().position(|x| x.id == "p").expect("p"),
+            c.providers.iter().position(|x| x.id == "q").expect("q"),
+        );
+        let r = keys[0].routing.as_ref().expect("routing");
+        assert_eq!(
+            r.strategy,
+            Some(AskedStrategy {
+                strategy: Strategy::PriorityCheapest,
+                smart_fallback: true
+            }),
+            "the names a request's routing.strategy accepts, smart among them"
+        );
+        assert_eq!(
+            (
+                &r.provider_order[..],
+                &r.exclude_providers[..],
+                r.max_attempts
+            ),
+            (&[q][..], &[p][..], Some(2))
+        );
+        assert_eq!(keys[1].routing, Some(KeyRoutingConfig::default()));
     }
 
     #[test]
@@ -212,6 +332,34 @@ mod tests {
                 "keys[0].budget.usd",
             ),
             ("  - { id: a, key_env: X, secret: 1 }\n", "secret"),
+            (
+                "  - { id: a, key_env: X, routing: { strategy: cheapest, order: [p] } }\n",
+                "unknown field `order`",
+            ),
+            (
+                "  - { id: a, key_env: X, routing: { provider_order: [p, nope] } }\n",
+                "keys[0].routing.provider_order[1]: \"nope\" is not a configured provider",
+            ),
+            (
+                "  - { id: a, key_env: X, routing: { exclude_providers: [gone] } }\n",
+                "keys[0].routing.exclude_providers[0]: \"gone\" is not a configured provider",
+            ),
+            (
+                "  - { id: a, key_env: X, routing: { strategy: quickest } }\n",
+                "keys[0].routing.strategy: unknown strategy \"quickest\"",
+            ),
+            (
+                "  - { id: a, key_env: X, routing: { max_attempts: 0 } }\n",
+                "keys[0].routing.max_attempts",
+            ),
+            (
+                "  - { id: a, key_env: X, routing: { provider_order: [p, p] } }\n",
+                "keys[0].routing.provider_order[1]: \"p\" is listed twice",
+            ),
+            (
+                "  - { id: a, key_env: X, routing: { provider_order: [p], exclude_providers: [p] } }\n",
+                "keys[0].routing.exclude_providers[0]",
+            ),
         ] {
             let e = errors(keys);
             assert!(e.contains(expect), "{keys}: {e}");

@@ -19,7 +19,7 @@
 //! - `routing.rs`: `routing`, the ranking knobs;
 //! - `server.rs`: `listen` and `pingora`, the server process;
 //! - `log.rs`: `log`, how signalbox writes its log;
-//! - `keys.rs`: `keys`, who may call and what each key may use and spend;
+//! - `keys.rs`: `keys`, who may call, what each key may use and spend, and how it is routed;
 //! - `storage.rs`: `ledger`, `state` and `metrics`, where usage and shared counters live.
 
 mod admin;
@@ -114,7 +114,7 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
     let keys = file
         .keys
         .as_ref()
-        .map(|k| keys::validate_keys(k, &mut errs));
+        .map(|k| keys::validate_keys(k, &providers, &mut errs));
     let ledger = file
         .ledger
         .as_ref()

@@ -575,6 +575,12 @@ impl MockHandle {
         lock(&self.shared.records).clone()
     }
 
+    /// When the client closed each connection the mock held open without answering
+    /// ([`Behaviour::Hang`]), in order: how a test sees that a gateway gave up a call.
+    pub fn hang_ups(&self) -> Vec<std::time::Instant> {
+        lock(&self.shared.hang_ups).clone()
+    }
+
     /// Clear counters, script and records; the default goes back to the configured one.
     pub fn reset(&self) {
         self.shared.reset();
@@ -613,6 +619,8 @@ struct Shared {
     /// Mirrors `script.len()` so that the empty case never takes the lock.
     script_len: AtomicUsize,
     records: Mutex<Vec<RecordedRequest>>,
+    /// When a client closed a connection the mock was holding open ([`Behaviour::Hang`]).
+    hang_ups: Mutex<Vec<std::time::Instant>>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -650,6 +658,7 @@ impl Shared {
             script: Mutex::new(VecDeque::new()),
             script_len: AtomicUsize::new(0),
             records: Mutex::new(Vec::new()),
+            hang_ups: Mutex::new(Vec::new()),
             shutdown: watch::Sender::new(false),
             name: config.name,
         }
@@ -707,6 +716,7 @@ impl Shared {
             self.script_len.store(0, Ordering::Release);
         }
         lock(&self.records).clear();
+        lock(&self.hang_ups).clear();
         self.set_default(self.config_default.clone());
         self.calls.store(0, Ordering::Relaxed);
         for c in &self.calls_by {

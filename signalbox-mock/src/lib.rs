@@ -203,6 +203,9 @@ pub enum Behaviour {
     },
     /// Wait, then behave as `Ok`.
     SlowHeader { ms: u64 },
+    /// A slow tail: every `every`-th call to this mock (counted over all its calls) waits `ms`
+    /// and then behaves as `Ok`; the others answer at once.
+    SlowEvery { ms: u64, every: u64 },
     /// Read the request, never answer (until the client closes).
     Hang,
     /// Read the request, then reset the connection (SO_LINGER 0) before any byte.
@@ -287,6 +290,10 @@ enum BehaviourRepr {
     SlowHeader {
         ms: u64,
     },
+    SlowEvery {
+        ms: u64,
+        every: u64,
+    },
     Hang {},
     Reset {},
     Close {},
@@ -337,6 +344,10 @@ impl From<BehaviourRepr> for Behaviour {
                 body,
             },
             BehaviourRepr::SlowHeader { ms } => Behaviour::SlowHeader { ms },
+            BehaviourRepr::SlowEvery { ms, every } => Behaviour::SlowEvery {
+                ms,
+                every: every.max(1),
+            },
             BehaviourRepr::Hang {} => Behaviour::Hang,
             BehaviourRepr::Reset {} => Behaviour::Reset,
             BehaviourRepr::Close {} => Behaviour::Close,

@@ -36,6 +36,7 @@ fn row() -> LedgerRow {
         cost_micro_usd: 4_590,
         ttfb_ms: Some(312.5),
         duration_ms: 2_204.0,
+        absorbed: false,
     }
 }
 

@@ -2,7 +2,7 @@
 # signalbox load-test runner. See load-tests/README.md.
 #
 #   load-tests/run.sh [--quick] [--duration 10s] [--threads 1] [--no-pin] [--with-litellm]
-#                     [--bin-dir target/release] [--scenarios a,b,c,d,e,f,g] [--streams 10000]
+#                     [--bin-dir target/release] [--scenarios a,b,c,d,e,f,g,h] [--streams 10000]
 #                     [--install-tools] [--out-dir DIR] [--wait-quiet S] [--nice N]
 #                     [--bin-label TEXT] [--keep-tmp]
 #
@@ -28,7 +28,7 @@ Options:
   --no-pin           do not pin with taskset (default: server on CPU 0, load + upstreams on CPU 1)
   --with-litellm     also measure LiteLLM's proxy (pip install 'litellm[proxy]' into
                      /tmp/lt-litellm-venv; skipped with a note if that fails)
-  --scenarios LIST   subset of a,b,c,d,e,f,g (default all)
+  --scenarios LIST   subset of a,b,c,d,e,f,g,h (default all)
   --streams N        concurrent slow streams in scenario f (default 10000; --quick 2000)
   --install-tools    apt-get install wrk nginx haproxy jq, cargo install oha into /tmp/lt-cargo
   --out-dir DIR      where the results file goes (default load-tests/results)
@@ -48,7 +48,7 @@ DURATION=""
 QUICK=0
 NO_PIN=0
 WITH_LITELLM=0
-SCENARIOS="a,b,c,d,e,f,g"
+SCENARIOS="a,b,c,d,e,f,g,h"
 STREAMS=""
 INSTALL=0
 OUT_DIR="$LT_DIR/results"

@@ -1241,8 +1241,51 @@ def scenario_g(ctx):
     stop(bad)
 
 
+def scenario_h(ctx):
+    """Hedged first token: a pool of two where the first provider has a slow tail (every 10th
+    call waits 800 ms, the rest answer at once). p50/p99 latency (a whole answer's first byte
+    is its header, so latency is the TTFB) with hedging off and on (after 100 ms, max_share
+    0.2), and the extra upstream calls hedging cost (attempts per request from /metrics)."""
+    log("scenario h: one slow-tailed provider in a pool of two, hedging off vs on")
+    slowp, fastp = free_port(), free_port()
+    proc = None
+    try:
+        slow = start_mock(ctx, "mock-tail-h", [slowp],
+                          ["--behaviour", '{"kind":"slow_every","ms":800,"every":10}'])
+        fast = start_mock(ctx, "mock-ok-h", [fastp])
+    except SystemUnavailable as e:
+        add_row(ctx, "signalbox", "h hedging", failed=str(e), group="h")
+        return
+    ctx.upstreams = [slow, fast]
+    hedges = {"h hedge off, 16 conns": None,
+              "h hedge after 100ms, 16 conns": {"hedge": {"after": "100ms", "max_share": 0.2}}}
+    for label, failover in hedges.items():
+        try:
+            proc, port, info = start_system(
+                ctx, "signalbox", [slowp],
+                sb_providers={"tail": slowp, "ok": fastp},
+                sb_models={"lt-model": ["tail", "ok"]},
+                sb_health=HEALTH_OFF, sb_failover=failover)
+        except SystemUnavailable as e:
+            add_row(ctx, "signalbox", label, failed=str(e), group="h")
+            continue
+        measure_wrk(ctx, "signalbox", label, port, proc, "chat-2k.lua", ["lt-model"], 16,
+                    group="h")
+        t = metrics_text(info["admin"])
+        requests = metric_sum(t, "signalbox_requests_total") or 1.0
+        ctx.notes.append("h: %s: %.3f upstream calls per request, hedges won %.0f lost %.0f "
+                         "(of %.0f requests)" % (
+                             label, metric_sum(t, "signalbox_attempts_total") / requests,
+                             metric_sum(t, "signalbox_hedges_total", outcome="won"),
+                             metric_sum(t, "signalbox_hedges_total", outcome="lost"), requests))
+        stop(proc)
+        proc = None
+    stop(slow)
+    stop(fast)
+
+
 SCENARIOS = {"a": scenario_a, "b": scenario_b, "c": scenario_c, "d": scenario_d,
-             "e": scenario_e, "f": scenario_f, "g": scenario_g}
+             "e": scenario_e, "f": scenario_f, "g": scenario_g, "h": scenario_h}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1555,7 +1598,7 @@ def main():
     p.add_argument("--litellm-bin", default="")
     p.add_argument("--litellm-reason", default="")
     p.add_argument("--pingora-reason", default="")
-    p.add_argument("--scenarios", default="a,b,c,d,e,f,g")
+    p.add_argument("--scenarios", default="a,b,c,d,e,f,g,h")
     p.add_argument("--streams", type=int, default=10000)
     p.add_argument("--out-dir", default=os.path.join(LT_DIR, "results"))
     p.add_argument("--tmp", required=True)

@@ -187,6 +187,10 @@ pub(super) async fn act<S: MockIo>(
             tokio::time::sleep(Duration::from_millis(*ms)).await;
             cx.created = wire::unix_secs();
         }
+        Behaviour::SlowEvery { ms, every } if cx.n % (*every).max(1) == 0 => {
+            tokio::time::sleep(Duration::from_millis(*ms)).await;
+            cx.created = wire::unix_secs();
+        }
         Behaviour::Stream { chunks, gap_ms } => {
             shape = StreamShape {
                 chunks: *chunks,

@@ -203,6 +203,9 @@ pub enum Behaviour {
     },
     /// Wait, then behave as `Ok`.
     SlowHeader { ms: u64 },
+    /// A slow tail: every `every`-th call to this mock (counted over all its calls) waits `ms`
+    /// and then behaves as `Ok`; the others answer at once.
+    SlowEvery { ms: u64, every: u64 },
     /// Read the request, never answer (until the client closes).
     Hang,
     /// Read the request, then reset the connection (SO_LINGER 0) before any byte.
@@ -287,6 +290,10 @@ enum BehaviourRepr {
     SlowHeader {
         ms: u64,
     },
+    SlowEvery {
+        ms: u64,
+        every: u64,
+    },
     Hang {},
     Reset {},
     Close {},
@@ -337,6 +344,10 @@ impl From<BehaviourRepr> for Behaviour {
                 body,
             },
             BehaviourRepr::SlowHeader { ms } => Behaviour::SlowHeader { ms },
+            BehaviourRepr::SlowEvery { ms, every } => Behaviour::SlowEvery {
+                ms,
+                every: every.max(1),
+            },
             BehaviourRepr::Hang {} => Behaviour::Hang,
             BehaviourRepr::Reset {} => Behaviour::Reset,
             BehaviourRepr::Close {} => Behaviour::Close,
@@ -575,6 +586,12 @@ impl MockHandle {
         lock(&self.shared.records).clone()
     }
 
+    /// When the client closed each connection the mock held open without answering
+    /// ([`Behaviour::Hang`]), in order: how a test sees that a gateway gave up a call.
+    pub fn hang_ups(&self) -> Vec<std::time::Instant> {
+        lock(&self.shared.hang_ups).clone()
+    }
+
     /// Clear counters, script and records; the default goes back to the configured one.
     pub fn reset(&self) {
         self.shared.reset();
@@ -613,6 +630,8 @@ struct Shared {
     /// Mirrors `script.len()` so that the empty case never takes the lock.
     script_len: AtomicUsize,
     records: Mutex<Vec<RecordedRequest>>,
+    /// When a client closed a connection the mock was holding open ([`Behaviour::Hang`]).
+    hang_ups: Mutex<Vec<std::time::Instant>>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -650,6 +669,7 @@ impl Shared {
             script: Mutex::new(VecDeque::new()),
             script_len: AtomicUsize::new(0),
             records: Mutex::new(Vec::new()),
+            hang_ups: Mutex::new(Vec::new()),
             shutdown: watch::Sender::new(false),
             name: config.name,
         }
@@ -707,6 +727,7 @@ impl Shared {
             self.script_len.store(0, Ordering::Release);
         }
         lock(&self.records).clear();
+        lock(&self.hang_ups).clear();
         self.set_default(self.config_default.clone());
         self.calls.store(0, Ordering::Relaxed);
         for c in &self.calls_by {

@@ -236,6 +236,7 @@ impl Conn {
                         Ok(_) => {}
                     }
                 }
+                crate::lock(&self.shared.hang_ups).push(std::time::Instant::now());
             }
         }
         drop(io);

@@ -47,6 +47,9 @@ pub enum Outcome {
     StreamError,
     /// The client went away.
     Cancelled,
+    /// A hedge's rival committed first: this attempt was cancelled (its connection closed),
+    /// never the provider's failure.
+    HedgeLost,
     /// The gateway itself could not open a connection (out of file descriptors, ports or
     /// memory): not the provider's failure.
     LocalError,
@@ -56,7 +59,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 19] = [
+    pub const ALL: [Outcome; 20] = [
         Outcome::Ok,
         Outcome::ClientError,
         Outcome::RateLimited,
@@ -74,6 +77,7 @@ impl Outcome {
         Outcome::FirstChunkTimeout,
         Outcome::StreamError,
         Outcome::Cancelled,
+        Outcome::HedgeLost,
         Outcome::LocalError,
         Outcome::StaleConnection,
     ];
@@ -97,6 +101,7 @@ impl Outcome {
             Outcome::FirstChunkTimeout => "first_chunk_timeout",
             Outcome::StreamError => "stream_error",
             Outcome::Cancelled => "cancelled",
+            Outcome::HedgeLost => "hedge_lost",
             Outcome::LocalError => "local_error",
             Outcome::StaleConnection => "stale_connection",
         }

@@ -36,10 +36,11 @@ pub use defaults::PRIORITY as DEFAULT_PRIORITY;
 pub use types::{
     AdminConfig, AliasConfig, AskedStrategy, BaseUrl, BudgetConfig, BudgetPeriod, Capabilities,
     ChainConfig, ClientKeyConfig, ClientKeySource, Config, CredentialConfig, DegradedPolicy,
-    DeploymentConfig, Failover, GlobAlias, HeaderGlobs, HealthPolicy, KeyRoutingConfig, KeySource,
-    LedgerConfig, LedgerStore, Limits, Listen, LogConfig, LogFormat, ModelConfig, PolicyConfig,
-    PolicyTarget, Price, ProviderConfig, ProviderKind, RequestConfig, ResponseConfig, RouterConfig,
-    RoutingKnobs, RuleConfig, RuleTarget, Scheme, SelectEntry, StateConfig, Strategy, Weights,
+    DeploymentConfig, Failover, GlobAlias, HeaderGlobs, HealthPolicy, Hedge, HedgeAfter,
+    KeyRoutingConfig, KeySource, LedgerConfig, LedgerStore, Limits, Listen, LogConfig, LogFormat,
+    ModelConfig, PolicyConfig, PolicyTarget, Price, ProviderConfig, ProviderKind, RequestConfig,
+    ResponseConfig, RouterConfig, RoutingKnobs, RuleConfig, RuleTarget, Scheme, SelectEntry,
+    StateConfig, Strategy, Weights,
 };
 pub use validate::headers::{CREDENTIAL_HEADERS, GATEWAY_WRITTEN_HEADERS};
 pub use values::{is_upstream_model_name, parse_base_url, parse_size_text, AXIS_NAMES};

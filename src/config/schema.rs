@@ -401,6 +401,23 @@ pub struct FailoverSection {
     /// Streams: the longest silence between two chunks once content flows.
     #[serde(default = "default_stream_idle_timeout")]
     pub stream_idle_timeout: String,
+    /// Hedged first token for every route (a policy's own `hedge` wins); off when absent.
+    #[serde(default)]
+    pub hedge: Option<HedgeSection>,
+}
+
+/// `hedge` (on a policy, or `failover.hedge`): when an attempt has shown no first byte after
+/// `after` (a duration, or `p<NN>` of the target's own recent TTFBs, never below
+/// `min_after`), the next candidate starts beside it; at most `max_share` of the process's
+/// requests in the last second are hedged.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HedgeSection {
+    pub after: String,
+    #[serde(default)]
+    pub min_after: Option<String>,
+    #[serde(default)]
+    pub max_share: Option<f64>,
 }
 
 impl Default for FailoverSection {
@@ -414,6 +431,7 @@ impl Default for FailoverSection {
             transient_backoff: default_transient_backoff(),
             first_chunk_hold: default_first_chunk_hold(),
             stream_idle_timeout: default_stream_idle_timeout(),
+            hedge: None,
         }
     }
 }
@@ -641,6 +659,9 @@ pub struct PolicySection {
     /// Same-target retries under this policy (absent: `failover.transient_retries`).
     #[serde(default)]
     pub retry: Option<RetrySection>,
+    /// Hedged first token under this policy (absent: `failover.hedge`).
+    #[serde(default)]
+    pub hedge: Option<HedgeSection>,
 }
 
 /// `policies.<name>.retry` (seed 003's routing retries): `attempts` extra calls to the same

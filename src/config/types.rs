@@ -517,6 +517,30 @@ pub struct Failover {
     pub first_chunk_hold: Option<Duration>,
     /// The longest silence between two chunks of a stream.
     pub stream_idle_timeout: Duration,
+    /// Hedged first token for every route; `None` when off.
+    pub hedge: Option<Hedge>,
+}
+
+/// Hedged first token: when the live attempt has shown no first byte (first content, for a
+/// held stream) after [`Hedge::after`], the plan's next candidate starts beside it and the
+/// first to commit serves.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Hedge {
+    pub after: HedgeAfter,
+    /// Never hedge sooner than this.
+    pub min_after: Duration,
+    /// At most this share of the process's requests in the last second is hedged (at least
+    /// one hedge a second is always allowed).
+    pub max_share: f64,
+}
+
+/// When a hedge starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HedgeAfter {
+    /// A fixed delay after the attempt started.
+    Fixed(Duration),
+    /// This percentile (1–99) of the target's own recent TTFBs.
+    Percentile(u8),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -559,6 +583,8 @@ pub struct PolicyConfig {
     pub max_attempts: Option<u32>,
     /// Same-target retries under this policy; `None` = `failover.transient_retries`.
     pub retry: Option<PolicyRetry>,
+    /// Hedged first token under this policy; `None` = `failover.hedge`.
+    pub hedge: Option<Hedge>,
 }
 
 /// A policy's same-target retries (`retry`).

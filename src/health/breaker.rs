@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::time::Duration;
 
 use super::clock::ms;
-use super::stats::{Ewma, SuccessWindow};
+use super::stats::{Ewma, Quantiles, SuccessWindow};
 use crate::config::HealthPolicy;
 
 /// Full health, in permille.
@@ -56,6 +56,8 @@ pub struct TargetHealth {
     pub in_flight: AtomicU32,
     pub latency_ms: Ewma,
     pub ttfb_ms: Ewma,
+    /// Recent TTFBs, for a hedge's `p<NN>`.
+    pub ttfb_quantiles: Quantiles,
     /// Output tokens per second while streaming/generating.
     pub throughput: Ewma,
     pub window: SuccessWindow,
@@ -77,6 +79,7 @@ impl TargetHealth {
             in_flight: AtomicU32::new(0),
             latency_ms: Ewma::new(EWMA_ALPHA),
             ttfb_ms: Ewma::new(EWMA_ALPHA),
+            ttfb_quantiles: Quantiles::default(),
             throughput: Ewma::new(EWMA_ALPHA),
             window: SuccessWindow::new(ms(policy.success_window)),
             ejections_total: AtomicU64::new(0),

@@ -90,6 +90,7 @@ pub fn scope_of(outcome: Outcome) -> Scope {
         Outcome::RateLimited => Scope::CredentialRateLimited,
         Outcome::ClientError
         | Outcome::Cancelled
+        | Outcome::HedgeLost
         | Outcome::LocalError
         | Outcome::StaleConnection => Scope::Ignored,
         Outcome::ServerError
@@ -400,6 +401,13 @@ impl HealthRegistry {
             .map(|a| &**a)
     }
 
+    /// The `p`-th percentile of a target's recent TTFBs (successful attempts only); `None`
+    /// until it has a record.
+    pub fn ttfb_percentile(&self, t: TargetRef, p: u8) -> Option<std::time::Duration> {
+        let ms = self.target(t)?.ttfb_quantiles.percentile_ms(p)?;
+        Some(std::time::Duration::from_secs_f64(ms / 1000.0))
+    }
+
     pub fn credential(&self, p: ProviderIdx, credential: usize) -> Option<&CredentialHealth> {
         self.credentials
             .get(self.credential_base.get(p.get())? + credential)
@@ -492,6 +500,7 @@ impl HealthRegistry {
                     transition = th.on_success(policy, obs.probe, now);
                     if let Some(ttfb) = obs.ttfb {
                         th.ttfb_ms.observe(ttfb.as_secs_f64() * 1000.0);
+                        th.ttfb_quantiles.observe(ttfb.as_secs_f64() * 1000.0);
                     }
                     if let Some(latency) = obs.latency {
                         th.latency_ms.observe(latency.as_secs_f64() * 1000.0);

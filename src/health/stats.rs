@@ -174,3 +174,119 @@ mod tests {
         assert_eq!(w.counts(30_000), (0, 0));
     }
 }
+
+/// Buckets of [`Quantiles`]: bucket `i` holds samples up to `FIRST_BOUND_MS × 1.25^i`
+/// (5 ms … ~33 s), so a percentile is known to within 25 %.
+const QUANTILE_BUCKETS: usize = 40;
+const FIRST_BOUND_MS: f64 = 5.0;
+const BUCKET_GROWTH: f64 = 1.25;
+/// When this many samples are held, every bucket is halved: the record follows what the
+/// target does now, not what it did an hour ago.
+const QUANTILE_HALF_LIFE: u32 = 512;
+/// Fewer samples than this and no percentile is given.
+pub const QUANTILE_MIN_SAMPLES: u32 = 10;
+
+/// A decaying log-bucketed histogram of millisecond samples (a target's TTFBs), for its
+/// percentiles. Lock-free; concurrent halving and adding may blur a count, never more.
+#[derive(Debug)]
+pub struct Quantiles {
+    buckets: [AtomicU32; QUANTILE_BUCKETS],
+    total: AtomicU32,
+}
+
+impl Default for Quantiles {
+    fn default() -> Self {
+        Self {
+            buckets: std::array::from_fn(|_| AtomicU32::new(0)),
+            total: AtomicU32::new(0),
+        }
+    }
+}
+
+fn bucket_bound_ms(i: usize) -> f64 {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
+    let n = i as i32;
+    FIRST_BOUND_MS * BUCKET_GROWTH.powi(n)
+}
+
+impl Quantiles {
+    pub fn observe(&self, ms: f64) {
+        if !ms.is_finite() || ms < 0.0 {
+            return;
+        }
+        let i = if ms <= FIRST_BOUND_MS {
+            0
+        } else {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let i = ((ms / FIRST_BOUND_MS).ln() / BUCKET_GROWTH.ln()).ceil() as usize;
+            i.min(QUANTILE_BUCKETS - 1)
+        };
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        if self.total.fetch_add(1, Ordering::Relaxed) + 1 >= QUANTILE_HALF_LIFE {
+            let mut kept = 0;
+            for b in &self.buckets {
+                let v = b.load(Ordering::Relaxed) / 2;
+                b.store(v, Ordering::Relaxed);
+                kept += v;
+            }
+            self.total.store(kept, Ordering::Relaxed);
+        }
+    }
+
+    /// The `p`-th percentile (1–99) in milliseconds (its bucket's upper bound); `None` with
+    /// fewer than [`QUANTILE_MIN_SAMPLES`] samples.
+    pub fn percentile_ms(&self, p: u8) -> Option<f64> {
+        let counts: [u32; QUANTILE_BUCKETS] =
+            std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed));
+        let total: u64 = counts.iter().map(|&c| u64::from(c)).sum();
+        if total < u64::from(QUANTILE_MIN_SAMPLES) {
+            return None;
+        }
+        let rank = (total * u64::from(p.min(100))).div_ceil(100).max(1);
+        let mut seen = 0u64;
+        for (i, &c) in counts.iter().enumerate() {
+            seen += u64::from(c);
+            if seen >= rank {
+                return Some(bucket_bound_ms(i));
+            }
+        }
+        Some(bucket_bound_ms(QUANTILE_BUCKETS - 1))
+    }
+}
+
+#[cfg(test)]
+mod quantile_tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_follow_the_samples_within_a_bucket() {
+        let q = Quantiles::default();
+        assert_eq!(q.percentile_ms(90), None, "no record, no percentile");
+        for _ in 0..90 {
+            q.observe(100.0);
+        }
+        for _ in 0..10 {
+            q.observe(2_000.0);
+        }
+        let p50 = q.percentile_ms(50).expect("p50");
+        assert!((100.0..=125.0).contains(&p50), "p50 {p50}");
+        let p90 = q.percentile_ms(90).expect("p90");
+        assert!((100.0..=125.0).contains(&p90), "p90 {p90}");
+        let p95 = q.percentile_ms(95).expect("p95");
+        assert!((2_000.0..=2_500.0).contains(&p95), "p95 {p95}");
+    }
+
+    #[test]
+    fn old_samples_fade() {
+        let q = Quantiles::default();
+        for _ in 0..400 {
+            q.observe(3_000.0);
+        }
+        // A long run of fast answers outweighs the slow past once it has been halved.
+        for _ in 0..2_000 {
+            q.observe(50.0);
+        }
+        let p90 = q.percentile_ms(90).expect("p90");
+        assert!(p90 < 100.0, "p90 {p90}");
+    }
+}

@@ -53,6 +53,9 @@ pub struct LedgerRow {
     pub cost_micro_usd: u64,
     pub ttfb_ms: Option<f64>,
     pub duration_ms: f64,
+    /// A failed (or hedge-lost) attempt before the attempt that served: no settled cost, not
+    /// a request or an error of its own in `/admin/usage` (seed 004).
+    pub absorbed: bool,
 }
 
 /// Where the ledger lives.

@@ -30,17 +30,24 @@ CREATE TABLE IF NOT EXISTS signalbox_ledger (
     cost_usd DOUBLE PRECISION NOT NULL,
     cost_micro_usd BIGINT NOT NULL,
     ttfb_ms DOUBLE PRECISION,
-    duration_ms DOUBLE PRECISION NOT NULL
+    duration_ms DOUBLE PRECISION NOT NULL,
+    absorbed INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS signalbox_ledger_time_ms ON signalbox_ledger (time_ms);";
+
+/// A ledger created before the `absorbed` column gains it (rows before it read as 0).
+const ADD_ABSORBED_PG: &str =
+    "ALTER TABLE signalbox_ledger ADD COLUMN IF NOT EXISTS absorbed INTEGER NOT NULL DEFAULT 0";
+const ADD_ABSORBED_SQLITE: &str =
+    "ALTER TABLE signalbox_ledger ADD COLUMN absorbed INTEGER NOT NULL DEFAULT 0";
 
 /// The insert's column list; `values!` yields the values in this order.
 const COLUMNS: &str = "request_id, attempt, time, time_ms, key_id, user_name, route, provider, \
     model, upstream_model, credential, outcome, status, prompt_tokens, completion_tokens, \
-    cost_usd, cost_micro_usd, ttfb_ms, duration_ms";
-const NCOLS: usize = 19;
+    cost_usd, cost_micro_usd, ttfb_ms, duration_ms, absorbed";
+const NCOLS: usize = 20;
 
-/// Rows per Postgres `INSERT` (19 parameters each, well under the protocol's 65,535).
+/// Rows per Postgres `INSERT` (20 parameters each, well under the protocol's 65,535).
 const PG_ROWS_PER_INSERT: usize = 256;
 
 /// A row as column values, typed as both drivers bind them (Postgres insists on `i32` for
@@ -65,6 +72,7 @@ struct Values<'a> {
     cost_micro_usd: i64,
     ttfb_ms: Option<f64>,
     duration_ms: f64,
+    absorbed: i32,
 }
 
 impl<'a> Values<'a> {
@@ -90,6 +98,7 @@ impl<'a> Values<'a> {
             cost_micro_usd: big(r.cost_micro_usd),
             ttfb_ms: r.ttfb_ms,
             duration_ms: r.duration_ms,
+            absorbed: i32::from(r.absorbed),
         }
     }
 }
@@ -117,6 +126,7 @@ macro_rules! values {
             &$v.cost_micro_usd,
             &$v.ttfb_ms,
             &$v.duration_ms,
+            &$v.absorbed,
         ]
     };
 }
@@ -150,8 +160,8 @@ fn insert_sql(rows: usize) -> String {
 fn usage_sql(q: &UsageQuery) -> String {
     let col = q.by.column();
     format!(
-        "SELECT {col}, COUNT(DISTINCT request_id), COUNT(*), \
-         CAST(SUM(CASE WHEN outcome <> 'ok' THEN 1 ELSE 0 END) AS BIGINT), \
+        "SELECT {col}, COUNT(DISTINCT CASE WHEN absorbed = 0 THEN request_id END), COUNT(*), \
+         CAST(SUM(CASE WHEN outcome <> 'ok' AND absorbed = 0 THEN 1 ELSE 0 END) AS BIGINT), \
          CAST(SUM(prompt_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT), \
          CAST(SUM(cost_micro_usd) AS BIGINT) \
          FROM signalbox_ledger WHERE time_ms >= $1 AND time_ms < $2 GROUP BY {col}"
@@ -211,7 +221,11 @@ impl Store {
                     config,
                     client: None,
                 };
-                pg.run(|c| c.batch_execute(SCHEMA)).map_err(|e| match e {
+                pg.run(|c| {
+                    c.batch_execute(SCHEMA)?;
+                    c.batch_execute(ADD_ABSORBED_PG)
+                })
+                .map_err(|e| match e {
                     LedgerError::Query(m) => LedgerError::Schema(m),
                     e => e,
                 })?;
@@ -361,7 +375,16 @@ fn open_sqlite(path: &Path) -> Result<rusqlite::Connection, LedgerError> {
             tracing::warn!(%mode, "ledger: SQLite refused WAL mode; writers will block readers");
         }
         conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.execute_batch(SCHEMA)
+        conn.execute_batch(SCHEMA)?;
+        let has_absorbed: bool = conn.query_row(
+            "SELECT COUNT(*) > 0 FROM pragma_table_info('signalbox_ledger') WHERE name = 'absorbed'",
+            [],
+            |r| r.get(0),
+        )?;
+        if !has_absorbed {
+            conn.execute_batch(ADD_ABSORBED_SQLITE)?;
+        }
+        Ok::<(), rusqlite::Error>(())
     })()
     .map_err(|e| LedgerError::Schema(e.to_string()))?;
     Ok(conn)

@@ -29,6 +29,7 @@ fn base(request_id: &str, time_ms: i64) -> LedgerRow {
         cost_micro_usd: 0,
         ttfb_ms: Some(12.5),
         duration_ms: 40.0,
+        absorbed: false,
     }
 }
 
@@ -533,4 +534,93 @@ fn usage_by_names_round_trip() {
 #[test]
 fn a_queued_message_is_no_bigger_than_a_row() {
     assert_eq!(size_of::<Msg>(), size_of::<LedgerRow>());
+}
+
+/// Absorbed rows (a failed or hedge-lost attempt before the one that served) count as
+/// attempts, never as requests or errors of their own; a ledger written before the column
+/// existed gains it with its old rows read as not absorbed.
+fn absorbed_attempts_are_no_requests_or_errors(db: &Db, old_schema: bool) {
+    if old_schema {
+        // The table as signalbox wrote it before `absorbed`, with one row in it.
+        if let Db::Sqlite(dir) = db {
+            std::fs::create_dir_all(dir.path().join("nested")).unwrap();
+        }
+        db.execute(
+            "CREATE TABLE signalbox_ledger (request_id TEXT NOT NULL, attempt INTEGER NOT NULL, \
+             time TEXT NOT NULL, time_ms BIGINT NOT NULL, key_id TEXT, user_name TEXT, \
+             route TEXT NOT NULL, provider TEXT NOT NULL, model TEXT NOT NULL, \
+             upstream_model TEXT NOT NULL, credential TEXT NOT NULL, outcome TEXT NOT NULL, \
+             status INTEGER, prompt_tokens BIGINT NOT NULL, completion_tokens BIGINT NOT NULL, \
+             cost_usd DOUBLE PRECISION NOT NULL, cost_micro_usd BIGINT NOT NULL, \
+             ttfb_ms DOUBLE PRECISION, duration_ms DOUBLE PRECISION NOT NULL); \
+             INSERT INTO signalbox_ledger VALUES ('old', 1, '2026-12-01T08:25:23.123Z', 1796113523123, \
+             NULL, NULL, 'model:gpt', 'openai', 'gpt', 'gpt-4o', 'c1', 'timeout', NULL, 0, 0, 0, 0, \
+             NULL, 10);",
+        );
+    }
+    let ledger = Ledger::open(db.target(), opts()).unwrap();
+    // h1: the first attempt lost a hedge to anthropic; f1: a timeout absorbed by a fallback.
+    for row in [
+        LedgerRow {
+            outcome: "hedge_lost",
+            status: None,
+            absorbed: true,
+            ..base("h1", T0)
+        },
+        LedgerRow {
+            attempt: 2,
+            provider: "anthropic".into(),
+            cost_micro_usd: 100,
+            ..base("h1", T0 + 1)
+        },
+        LedgerRow {
+            outcome: "timeout",
+            absorbed: true,
+            ..base("f1", T0 + 2)
+        },
+        LedgerRow {
+            attempt: 2,
+            provider: "anthropic".into(),
+            cost_micro_usd: 100,
+            ..base("f1", T0 + 3)
+        },
+    ] {
+        ledger.record(row);
+    }
+    let old = usize::from(old_schema);
+    let by_provider = usage(&ledger, UsageBy::Provider, None, None);
+    assert_eq!(
+        by_provider,
+        vec![
+            (g("anthropic"), 2, 2, 0, 0, 0, 0.0002),
+            // openai only lost a hedge and was failed over from: no request, no error of its
+            // own (the pre-column row is a request that failed).
+            (
+                g("openai"),
+                old as u64,
+                2 + old as u64,
+                old as u64,
+                0,
+                0,
+                0.0
+            ),
+        ]
+    );
+}
+
+#[test]
+fn sqlite_absorbed_attempts_are_no_requests_or_errors() {
+    absorbed_attempts_are_no_requests_or_errors(&Db::sqlite(), false);
+}
+
+#[test]
+fn an_older_sqlite_ledger_gains_the_absorbed_column() {
+    absorbed_attempts_are_no_requests_or_errors(&Db::sqlite(), true);
+}
+
+#[test]
+fn postgres_absorbed_attempts_are_no_requests_or_errors() {
+    if let Some(pg) = TempPg::create() {
+        absorbed_attempts_are_no_requests_or_errors(&Db::Postgres(pg), true);
+    }
 }

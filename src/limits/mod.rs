@@ -7,4 +7,5 @@
 pub mod budget;
 pub mod hold;
 pub mod provider;
+pub mod share;
 pub mod window;

@@ -23,6 +23,8 @@
 //! - `http_refusals_total{code}`: requests refused as HTTP signalbox will not read (a bad
 //!   head, framing or transfer coding: `code` is the answer's error code; `none` when the
 //!   connection closed without one). Not requests: they are never in `requests_total`.
+//! - `hedges_total{outcome}`: hedged first tokens (DESIGN §5), by which attempt served:
+//!   `won` (the hedge), `lost` (the first attempt, or neither).
 //! - `rule_matches_total{rule}`: requests a conditional rule sent (`rule:<n>`).
 //! - `policy_selections_total{policy, entry}`: the `select` entry that held (`none`: no entry
 //!   held and the policy's `on_failure` models served).
@@ -56,7 +58,9 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Counter, LabelPair, Metric, MetricFamily, MetricType};
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Registry,
+};
 
 use crate::attempt::Outcome;
 
@@ -334,6 +338,9 @@ pub struct Metrics {
     /// `code` = one of [`HTTP_REFUSAL_CODES`]. Counted only when a request is refused (never
     /// on an admitted request's path).
     pub http_refusals: IntCounterVec,
+    /// `hedges_total{outcome="won"}` and `{outcome="lost"}`, resolved once (lock-free).
+    pub hedges_won: IntCounter,
+    pub hedges_lost: IntCounter,
     /// Probe results, counted by the prober and exported with the health families.
     pub probes: Arc<crate::health::probe::ProbeCounters>,
 }
@@ -462,6 +469,16 @@ impl Metrics {
             http_refusals.with_label_values(&[code]);
         }
         registry.register(Box::new(http_refusals.clone()))?;
+        let hedges = IntCounterVec::new(
+            prometheus::Opts::new(
+                "signalbox_hedges_total",
+                "Hedged first tokens, by which attempt served: won (the hedge) or lost.",
+            ),
+            &["outcome"],
+        )?;
+        let hedges_won = hedges.with_label_values(&["won"]);
+        let hedges_lost = hedges.with_label_values(&["lost"]);
+        registry.register(Box::new(hedges))?;
         Ok(Self {
             registry,
             requests,
@@ -480,6 +497,8 @@ impl Metrics {
             config_generation,
             config_reloads,
             http_refusals,
+            hedges_won,
+            hedges_lost,
             probes: Arc::default(),
         })
     }

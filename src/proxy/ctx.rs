@@ -26,6 +26,7 @@ use crate::adapters::relay::Relay;
 use crate::attempt::{FailureLog, Outcome, RetryRules, Spent, Terms};
 use crate::catalog::surface::{Conversion, Surface};
 use crate::catalog::ProviderIdx;
+use crate::config::Hedge;
 use crate::error::GatewayError;
 use crate::health::{InflightGuard, ProbeClaim};
 use crate::keys::Reservation;
@@ -104,6 +105,8 @@ pub struct Admitted {
     pub session: Option<u64>,
     /// Seed of this request's random draws (retry jitter).
     pub seed: u64,
+    /// Hedged first token for this request's route, when configured.
+    pub hedge: Option<Hedge>,
     pub attempts: Attempts,
 }
 
@@ -139,6 +142,49 @@ pub struct Attempts {
     /// A candidate skipped because its dialect cannot express a field of the request: the
     /// caller's 400 if no candidate serves.
     pub unexpressible: Option<Unexpressible>,
+    /// The hedge this request ran (at most one).
+    pub hedge: Option<HedgeRun>,
+}
+
+/// A hedge a request ran: how long its first attempt had waited, and (once an answer
+/// committed) whether the hedge served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HedgeRun {
+    pub after: Duration,
+    /// `Some(true)`: the hedge served (`x-llm-hedged: won`); `Some(false)`: the first attempt
+    /// did; `None`: neither (both failed, or the caller left).
+    pub won: Option<bool>,
+}
+
+/// What one attempt owns while another runs beside it (a hedge). The attempt whose event is
+/// being handled has its lane swapped into [`Attempts`] ([`Attempts::swap_lane`]), so
+/// settling, the relay and the request rewrite see the attempt they concern.
+#[derive(Debug)]
+pub struct Lane {
+    live: Option<Live>,
+    relay: Relay,
+    sse: bool,
+    conversion: Conversion,
+    body: Option<AttemptBody>,
+}
+
+impl Lane {
+    /// A lane for an attempt not yet begun; `body` is kept for reuse when its target takes
+    /// the same one.
+    pub fn new(body: Option<AttemptBody>) -> Self {
+        Self {
+            live: None,
+            relay: Relay::passthrough(),
+            sse: false,
+            conversion: Conversion::Same,
+            body,
+        }
+    }
+
+    /// The attempt of this lane is over (settled).
+    pub fn is_idle(&self) -> bool {
+        self.live.is_none()
+    }
 }
 
 impl Attempts {
@@ -159,7 +205,17 @@ impl Attempts {
             conversion: Conversion::Same,
             body: None,
             unexpressible: None,
+            hedge: None,
         }
+    }
+
+    /// Exchange the attempt in these fields with the one in `lane`.
+    pub fn swap_lane(&mut self, lane: &mut Lane) {
+        std::mem::swap(&mut self.live, &mut lane.live);
+        std::mem::swap(&mut self.relay, &mut lane.relay);
+        std::mem::swap(&mut self.sse, &mut lane.sse);
+        std::mem::swap(&mut self.conversion, &mut lane.conversion);
+        std::mem::swap(&mut self.body, &mut lane.body);
     }
 
     /// What the schedule reads.

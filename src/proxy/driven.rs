@@ -46,7 +46,7 @@ use crate::state::admit::SharedAdmission;
 const POOL_IDLE: Duration = Duration::from_secs(60);
 
 /// How one attempt ended, for the loop.
-enum Drive {
+pub(super) enum Drive {
     /// The response went to the caller (whole, or a stream ended cleanly or in-band).
     Done,
     /// Nothing reached the caller; another attempt runs (its target is set).
@@ -116,7 +116,7 @@ pub async fn serve(
                 .ok_or_else(|| Error::explain(ErrorType::InternalError, "no plan"))?;
             attempt::begin(snapshot, a)?
         };
-        match drive(session, ctx, runtime, connector, &peer).await {
+        match drive(session, ctx, runtime, connector, &peer, shared).await {
             Drive::Done => return Ok(true),
             Drive::Aborted(e) => return Err(e),
             Drive::Again => {}
@@ -131,7 +131,7 @@ pub async fn serve(
 /// Pass over the next target without calling it and take the plan's next; `Some` when none
 /// is left (the answer: the field no candidate could express, unless an attempt failed, which
 /// says more).
-fn skip_unexpressible(
+pub(super) fn skip_unexpressible(
     ctx: &mut RequestCtx,
     unexpressible: crate::adapters::chat_messages::Unexpressible,
 ) -> Option<GatewayError> {
@@ -172,14 +172,14 @@ fn skip_unexpressible(
 }
 
 /// Carry out a failure's step.
-fn after(step: Step) -> Drive {
+pub(super) fn after(step: Step) -> Drive {
     match step {
         Step::Answer(err) => Drive::Answer(err),
         _ => Drive::Again,
     }
 }
 
-fn terms(ctx: &RequestCtx) -> verdicts::Terms {
+pub(super) fn terms(ctx: &RequestCtx) -> verdicts::Terms {
     ctx.admitted.as_ref().map_or(
         verdicts::Terms {
             commit_at: CommitAt::WholeBody,
@@ -192,7 +192,7 @@ fn terms(ctx: &RequestCtx) -> verdicts::Terms {
 /// When the live attempt must have shown its first content: the hold (a held stream) or the
 /// TTFB timeout (a whole answer). The request's deadline does not cut it short: it only stops
 /// new attempts after the first retry.
-fn first_content_deadline(ctx: &RequestCtx) -> Instant {
+pub(super) fn first_content_deadline(ctx: &RequestCtx) -> Instant {
     let failover = &ctx.snapshot.failover;
     let stream = ctx
         .admitted
@@ -214,8 +214,40 @@ async fn drive(
     runtime: &Runtime,
     connector: &Connector,
     peer: &HttpPeer,
+    shared: Option<&SharedAdmission>,
 ) -> Drive {
     let request = session.req_header().clone();
+    // A route that hedges races this attempt against the next candidate (one hedge per
+    // request: once it ran, later attempts go alone).
+    let hedge = ctx
+        .admitted
+        .as_ref()
+        .filter(|a| a.attempts.hedge.is_none())
+        .and_then(|a| a.hedge);
+    if let Some(hedge) = hedge {
+        let won = super::hedge::until_commit(
+            session, ctx, runtime, connector, peer, request, shared, hedge,
+        )
+        .await;
+        return match won {
+            Ok((ahead, hedge_peer)) => {
+                let peer = hedge_peer.as_deref().unwrap_or(peer);
+                commit(
+                    session,
+                    ctx,
+                    runtime,
+                    connector,
+                    peer,
+                    ahead.upstream,
+                    ahead.header,
+                    ahead.held,
+                    ahead.ended,
+                )
+                .await
+            }
+            Err(drive) => drive,
+        };
+    }
     let ahead = tokio::select! {
         ahead = until_commit(ctx, connector, peer, request) => ahead,
         () = caller_gone(session) => {
@@ -243,18 +275,18 @@ async fn drive(
 }
 
 /// An attempt read up to its commit point.
-struct Ahead {
-    upstream: UpstreamSession,
-    header: ResponseHeader,
+pub(super) struct Ahead {
+    pub(super) upstream: UpstreamSession,
+    pub(super) header: ResponseHeader,
     /// The body read so far (held back from the caller).
-    held: BytesMut,
+    pub(super) held: BytesMut,
     /// Whether the body has ended.
-    ended: bool,
+    pub(super) ended: bool,
 }
 
 /// Resolves when the caller has closed its side of the connection (FIN or reset), never
 /// otherwise: the next request's first bytes from a pipelining caller are kept for it.
-async fn caller_gone(session: &mut Session) {
+pub(super) async fn caller_gone(session: &mut Session) {
     match session.as_mut().read_body_or_idle(true).await {
         Err(e)
             if matches!(
@@ -321,17 +353,9 @@ async fn call(
     peer: &HttpPeer,
     deadline: Instant,
 ) -> Result<UpstreamSession, Drive> {
-    if attempt::rewrite_request_header(ctx, &mut request).is_err() {
+    let Some(body) = upstream_request(ctx, &mut request) else {
         return Err(after(settle::on(ctx, Sent::Connect(Outcome::LocalError))));
-    }
-    // The upstream leg is HTTP/1.1 whatever the caller spoke.
-    request.set_version(http::Version::HTTP_11);
-    let body = ctx
-        .admitted
-        .as_ref()
-        .and_then(|a| a.attempts.body.as_ref())
-        .map(|b| b.bytes.clone())
-        .unwrap_or_default();
+    };
     let sent = match timeout_at(deadline, send(connector, peer, request, body)).await {
         Ok(Ok(up)) => return Ok(up),
         Ok(Err(SendError::Connect(e))) => return Err(after(settle::connect_failed(ctx, &e))),
@@ -355,6 +379,24 @@ async fn call(
         },
     };
     Err(after(settle::on(ctx, sent)))
+}
+
+/// The live attempt's request header, rewritten for its target, and its body; `None` when it
+/// cannot be written (a local error).
+pub(super) fn upstream_request(
+    ctx: &RequestCtx,
+    request: &mut pingora_http::RequestHeader,
+) -> Option<Bytes> {
+    attempt::rewrite_request_header(ctx, request).ok()?;
+    // The upstream leg is HTTP/1.1 whatever the caller spoke.
+    request.set_version(http::Version::HTTP_11);
+    Some(
+        ctx.admitted
+            .as_ref()
+            .and_then(|a| a.attempts.body.as_ref())
+            .map(|b| b.bytes.clone())
+            .unwrap_or_default(),
+    )
 }
 
 /// A refusal's body, read whole (a small error body) through its relay, which rewrites it in
@@ -545,7 +587,7 @@ async fn relay(
     }
 }
 
-enum SendError {
+pub(super) enum SendError {
     Connect(Box<Error>),
     /// After the connection was made; whether it came from the pool, and whether the whole
     /// request had been written.
@@ -557,7 +599,7 @@ enum SendError {
 }
 
 /// Connect (or reuse a pooled connection), send the request, read the response header.
-async fn send(
+pub(super) async fn send(
     connector: &Connector,
     peer: &HttpPeer,
     request: pingora_http::RequestHeader,

@@ -59,6 +59,14 @@ pub fn emit(
             .inc(),
         None => count(ctx, cost, status),
     }
+    if let Some(hedge) = ctx.admitted.as_ref().and_then(|a| a.attempts.hedge) {
+        let counter = if hedge.won == Some(true) {
+            &metrics.hedges_won
+        } else {
+            &metrics.hedges_lost
+        };
+        counter.inc();
+    }
     if let Some(ledger) = ledger {
         record(ctx, cost, ledger);
     }
@@ -222,6 +230,7 @@ fn record(ctx: &RequestCtx, cost: u64, ledger: &Ledger) {
             cost_micro_usd: if served { cost } else { 0 },
             ttfb_ms: rec.ttfb.map(millis),
             duration_ms: millis(rec.duration),
+            absorbed: served_any && i != last,
         });
     }
 }

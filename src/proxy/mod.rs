@@ -41,6 +41,7 @@ pub mod driven;
 pub mod emit;
 pub mod fast;
 pub mod headers;
+pub mod hedge;
 pub mod intake;
 pub mod planning;
 pub mod respond;

@@ -111,8 +111,10 @@ pub fn plan_request(
         },
     };
     let mut failover_on_client_error = false;
+    let mut hedge = failover.hedge;
     if let Via::Policy { policy, .. } = routed.via {
         let p = snapshot.policy(policy);
+        hedge = p.hedge.or(hedge);
         rules.max_attempts = p.max_attempts.unwrap_or(rules.max_attempts);
         rules.same_target = p.retry.unwrap_or(rules.same_target);
         failover_on_client_error = p.failover_on_client_error;
@@ -163,11 +165,17 @@ pub fn plan_request(
                 .is_some_and(|d| translating(snapshot.catalog.provider(d.provider).kind))
         });
     let stream = request.stream();
+    if snapshot.hedging {
+        // The hedge allowance is a share of every request the process serves.
+        runtime.hedges.note_request(runtime.health.now_ms());
+    }
     // Pingora's proxy loop writes an answer's header as soon as it arrives: it serves only
     // what commits there, a same-dialect stream with the first-chunk hold off. Everything else
     // (whole answers held until complete, held streams, translations, bodies only signalbox
     // can replay, refusals read before they are relayed) is driven by signalbox itself.
+    // A hedge races two attempts: only signalbox's own driver can.
     let driven = !stream
+        || hedge.is_some()
         || failover.first_chunk_hold.is_some()
         || translates
         || own_replay
@@ -189,6 +197,7 @@ pub fn plan_request(
         driven,
         session: session_hash,
         seed,
+        hedge,
         attempts: Attempts::new(first),
     })
 }

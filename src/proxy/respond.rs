@@ -9,7 +9,7 @@ use http::HeaderValue;
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 
-use super::ctx::{Downstream, RequestCtx};
+use super::ctx::{Downstream, HedgeRun, RequestCtx};
 use crate::adapters::anthropic::Page;
 use crate::adapters::chat_messages::gateway_error_to_anthropic;
 use crate::catalog::surface::Dialect;
@@ -182,6 +182,8 @@ pub mod names {
     pub const X_LLM_ROUTING_REASON: HeaderName = HeaderName::from_static("x-llm-routing-reason");
     pub const X_LLM_ATTEMPTS: HeaderName = HeaderName::from_static("x-llm-attempts");
     pub const X_LLM_FALLBACK: HeaderName = HeaderName::from_static("x-llm-fallback");
+    /// Response: `won` (the hedge served) or `lost` (the first attempt did), when a hedge ran.
+    pub const X_LLM_HEDGED: HeaderName = HeaderName::from_static("x-llm-hedged");
     pub const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 }
 
@@ -243,11 +245,19 @@ pub fn add_routing_headers(resp: &mut ResponseHeader, ctx: &RequestCtx, now: Ins
         headers.insert(names::X_LLM_MODEL, deployment.model_header.clone());
         if let Some(route) = route_header(ctx, snapshot) {
             headers.insert(names::X_LLM_ROUTE, route);
-            if let Some(reason) = routing_reason(snapshot, plan, Some(&a.routed)) {
+            if let Some(reason) = routing_reason(snapshot, plan, Some(&a.routed), a.attempts.hedge)
+            {
                 headers.insert(names::X_LLM_ROUTING_REASON, reason);
             }
         }
         headers.insert(names::X_LLM_ATTEMPTS, HeaderValue::from(a.attempts.made));
+        // `lost` whenever a hedge ran and did not serve (the first attempt did, or a later one).
+        if let Some(won) = a.attempts.hedge.map(|h| h.won == Some(true)) {
+            headers.insert(
+                names::X_LLM_HEDGED,
+                HeaderValue::from_static(if won { "won" } else { "lost" }),
+            );
+        }
         // A fallback: another candidate than the plan's first served (the first failed, or
         // was skipped without a call). Another key of the same deployment is not one.
         let fallback = plan.first_position() != Some(served.target.position);
@@ -322,6 +332,7 @@ fn routing_reason(
     snapshot: &Snapshot,
     plan: &Plan,
     routed: Option<&Routed>,
+    hedge: Option<HedgeRun>,
 ) -> Option<HeaderValue> {
     let catalog = &snapshot.catalog;
     let mut out = ValueBuf::new();
@@ -391,6 +402,11 @@ fn routing_reason(
         if routed.smart_fallback {
             out.push(b" reason=smart_fallback");
         }
+    }
+    if let Some(h) = hedge {
+        // How long the first attempt had gone without a first byte when the hedge started.
+        out.push(b" hedge=after:");
+        out.push_int(h.after.as_millis());
     }
     out.value()
 }

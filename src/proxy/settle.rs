@@ -212,6 +212,43 @@ pub fn apply(ctx: &mut RequestCtx, verdict: Verdict) -> Step {
     }
 }
 
+/// The live attempt lost a hedge's race: its rival committed first. Closed with outcome
+/// `hedge_lost` (no breaker effect; its probe slot and reservations given back), never a
+/// failure of the request.
+pub fn hedge_lost(ctx: &mut RequestCtx) {
+    let RequestCtx {
+        snapshot, admitted, ..
+    } = ctx;
+    if let Some(a) = admitted.as_mut() {
+        settle(snapshot, a, Outcome::HedgeLost, Held::Released);
+    }
+}
+
+/// A failure verdict on the live attempt while a hedge's rival is still running: the attempt
+/// is settled and its failure recorded, but no next attempt is scheduled — the rival is now
+/// the request's attempt. `false` when the verdict is no failure (the caller applies it).
+pub fn failed_beside_rival(ctx: &mut RequestCtx, verdict: Verdict) -> bool {
+    let Verdict::Retry { outcome, scope } = verdict else {
+        return false;
+    };
+    let RequestCtx {
+        snapshot, admitted, ..
+    } = ctx;
+    let Some(a) = admitted.as_mut() else {
+        return false;
+    };
+    if scope == Scope::LargerContext {
+        let floor = context_floor(snapshot, a);
+        a.plan.require_context_above(floor);
+        a.attempts.failures.note_context_exceeded();
+    }
+    settle(snapshot, a, outcome, Held::Released);
+    if outcome != Outcome::StaleConnection {
+        a.attempts.failures.record(outcome);
+    }
+    true
+}
+
 /// What becomes of what an attempt's admission holds in the shared limits when it ends.
 #[derive(Clone, Copy)]
 enum Held {
@@ -242,7 +279,8 @@ fn settle(snapshot: &Snapshot, a: &mut Admitted, outcome: Outcome, held: Held) {
     let now = Instant::now();
     let target = (live.target.position, live.target.credential);
     if let Some(prev) = at.log.last_mut() {
-        prev.followed = prev.target != target;
+        // A hedge's loser was not failed over from.
+        prev.followed = prev.target != target && prev.outcome != Outcome::HedgeLost;
     }
     let ttfb = live.header_at.map(|h| h.duration_since(live.started));
     let duration = now.duration_since(live.started);

@@ -46,6 +46,8 @@ pub struct PolicyTable {
     pub failover_on_client_error: bool,
     /// Same-target retries under this policy (`None`: `failover.transient_retries`).
     pub retry: Option<SameTarget>,
+    /// Hedged first token under this policy (`None`: `failover.hedge`).
+    pub hedge: Option<crate::config::Hedge>,
 }
 
 /// One `select` entry.
@@ -267,6 +269,7 @@ pub(super) fn compile_policies(config: &Config, b: &mut Builder<'_>) -> Vec<Poli
                     backoff: r.backoff,
                     on: RetryOn::Statuses(StatusSet::from_codes(&r.on_status)),
                 }),
+                hedge: p.hedge,
             }
         })
         .collect()

@@ -163,6 +163,51 @@ pub fn explain<'a>(
             "probe": t.probe,
         })).collect::<Vec<_>>(),
         "degraded": env.degraded,
+        "hedge": hedge(&tables, &plan, &routed, &order),
+    })
+}
+
+/// When this route's hedge would start: its setting, the delay for the first candidate now
+/// (`null` for a percentile while the target has no TTFB record: no hedge then), and the
+/// candidate it would start.
+fn hedge(
+    tables: &Snapshot,
+    plan: &Plan,
+    routed: &decide::Routed,
+    order: &[crate::routing::plan::Target],
+) -> Value {
+    let mut setting = tables.failover.hedge;
+    if let Via::Policy { policy, .. } = routed.via {
+        setting = tables.policy(policy).hedge.or(setting);
+    }
+    let Some(h) = setting else {
+        return Value::Null;
+    };
+    let after = match h.after {
+        crate::config::HedgeAfter::Fixed(d) => format!("{}ms", d.as_millis()),
+        crate::config::HedgeAfter::Percentile(p) => format!("p{p}"),
+    };
+    let first = order.first().and_then(|t| {
+        let d = plan.deployment(&tables.catalog, t.position)?;
+        Some(crate::health::TargetRef {
+            deployment: d.model.map(|_| d.idx),
+            provider: d.provider,
+            credential: t.credential,
+        })
+    });
+    let starts =
+        first.and_then(|t| crate::proxy::hedge::delay(&h, |p| tables.health.ttfb_percentile(t, p)));
+    let with = order.get(1).and_then(|t| {
+        plan.deployment(&tables.catalog, t.position)
+            .and_then(|d| d.routed_via.to_str().ok())
+            .map(str::to_string)
+    });
+    json!({
+        "after": after,
+        "min_after_ms": h.min_after.as_millis(),
+        "max_share": h.max_share,
+        "starts_after_ms": starts.map(|d| d.as_millis()),
+        "candidate": with,
     })
 }
 

@@ -47,6 +47,9 @@ pub struct Snapshot {
     pub global_spend: Arc<Spend>,
     /// Some deployment, provider or the gateway has a budget (spend is counted only then).
     pub has_budgets: bool,
+    /// Some route hedges (`failover.hedge` or a policy's `hedge`): requests are counted for
+    /// the hedge allowance only then.
+    pub hedging: bool,
     pub metrics: BoundMetrics,
 }
 
@@ -169,6 +172,8 @@ impl Snapshot {
                     .models
                     .iter()
                     .any(|m| m.deployments.iter().any(|d| d.budget.is_some())),
+            hedging: config.failover.hedge.is_some()
+                || config.policies.iter().any(|p| p.hedge.is_some()),
             metrics: metrics.bind(&labels),
         }
     }

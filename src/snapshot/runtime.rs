@@ -18,6 +18,7 @@ use pingora_core::services::background::BackgroundService;
 use super::Snapshot;
 use crate::health::clock::ms;
 use crate::health::HealthShared;
+use crate::limits::share::HedgeShare;
 use crate::routing::rank::Rankings;
 use crate::routing::session::SessionTable;
 
@@ -28,6 +29,8 @@ pub struct Runtime {
     pub rankings: ArcSwap<Rankings>,
     pub health: Arc<HealthShared>,
     pub sessions: SessionTable,
+    /// How many of the last second's requests may still be hedged.
+    pub hedges: HedgeShare,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -46,6 +49,7 @@ impl Runtime {
             rankings: ArcSwap::from_pointee(rankings),
             health,
             sessions,
+            hedges: HedgeShare::default(),
         }
     }
 

@@ -545,3 +545,39 @@ fn new_behaviour_json_forms() {
         "count_tokens"
     );
 }
+
+#[tokio::test]
+async fn slow_every_slows_one_call_in_n() {
+    let h = start_shaped().await;
+    h.set_default(
+        serde_json::from_str::<Behaviour>(r#"{"kind":"slow_every","ms":300,"every":3}"#)
+            .expect("slow_every parses"),
+    );
+    let mut slow = Vec::new();
+    for _ in 0..6 {
+        let started = Instant::now();
+        one_shot(&h, &call_to(Endpoint::ChatCompletions, false)).await;
+        slow.push(started.elapsed() >= Duration::from_millis(300));
+    }
+    assert_eq!(slow, [false, false, true, false, false, true]);
+}
+
+#[tokio::test]
+async fn a_hang_up_on_a_held_connection_is_recorded() {
+    let h = start_shaped().await;
+    h.push_script([Behaviour::Hang]);
+    let mut c = Client::connect(&h).await;
+    c.send(&call_to(Endpoint::ChatCompletions, false)).await;
+    while h.calls() == 0 {
+        tokio::task::yield_now().await;
+    }
+    assert!(h.hang_ups().is_empty(), "still held");
+    let before = Instant::now();
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while h.hang_ups().is_empty() {
+        assert!(Instant::now() < deadline, "the hang-up was not seen");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(h.hang_ups()[0] >= before);
+}

@@ -2,8 +2,10 @@
 //! and their backoff)
 //! and `limits` (request body and header sizes, and the deadlines on reading a request).
 
-use crate::config::schema::{FailoverSection, LimitsSection};
-use crate::config::types::{Failover, Limits};
+use std::time::Duration;
+
+use crate::config::schema::{FailoverSection, HedgeSection, LimitsSection};
+use crate::config::types::{Failover, Hedge, HedgeAfter, Limits};
 use crate::config::values::{parse_duration, parse_size, positive_duration};
 use crate::config::ConfigError;
 
@@ -44,6 +46,51 @@ pub(super) fn validate_failover(f: &FailoverSection, errs: &mut Vec<ConfigError>
             "failover.stream_idle_timeout",
             errs,
         ),
+        hedge: f
+            .hedge
+            .as_ref()
+            .map(|h| validate_hedge(h, "failover.hedge", errs)),
+    }
+}
+
+/// `hedge.min_after` when absent.
+const DEFAULT_HEDGE_MIN_AFTER: Duration = Duration::from_millis(200);
+/// `hedge.max_share` when absent.
+const DEFAULT_HEDGE_MAX_SHARE: f64 = 0.1;
+
+/// A `hedge` section (a policy's, or `failover.hedge`) at `path`.
+pub(super) fn validate_hedge(h: &HedgeSection, path: &str, errs: &mut Vec<ConfigError>) -> Hedge {
+    let after_path = format!("{path}.after");
+    let raw = h.after.trim();
+    let after = match raw.strip_prefix('p') {
+        Some(n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+            match n.parse::<u8>() {
+                Ok(p) if (1..=99).contains(&p) => HedgeAfter::Percentile(p),
+                _ => {
+                    errs.push(ConfigError::new(
+                        &after_path,
+                        "a percentile must be between p1 and p99",
+                    ));
+                    HedgeAfter::Percentile(90)
+                }
+            }
+        }
+        _ => HedgeAfter::Fixed(positive_duration(raw, &after_path, errs)),
+    };
+    let min_after = h.min_after.as_deref().map_or(DEFAULT_HEDGE_MIN_AFTER, |m| {
+        parse_duration(m, &format!("{path}.min_after"), errs).unwrap_or(DEFAULT_HEDGE_MIN_AFTER)
+    });
+    let max_share = h.max_share.unwrap_or(DEFAULT_HEDGE_MAX_SHARE);
+    if !(max_share > 0.0 && max_share <= 1.0) {
+        errs.push(ConfigError::new(
+            format!("{path}.max_share"),
+            "must be above 0 and at most 1",
+        ));
+    }
+    Hedge {
+        after,
+        min_after,
+        max_share: max_share.clamp(f64::MIN_POSITIVE, 1.0),
     }
 }
 

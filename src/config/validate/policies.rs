@@ -161,6 +161,11 @@ impl Ctx<'_> {
             .as_ref()
             .map(|r| retry(r, &format!("{path}.retry"), errs));
 
+        let hedge = s
+            .hedge
+            .as_ref()
+            .map(|h| super::failover::validate_hedge(h, &format!("{path}.hedge"), errs));
+
         PolicyConfig {
             name: name.to_string(),
             select,
@@ -169,6 +174,7 @@ impl Ctx<'_> {
             failover_on_client_error: s.failover_on_client_error,
             max_attempts: s.max_attempts,
             retry,
+            hedge,
         }
     }
 

@@ -152,9 +152,15 @@ async fn a_failover_writes_one_row_per_attempt_and_usage_aggregates_them() {
     assert_eq!(by_provider["by"], "provider");
     assert_eq!(by_provider["backend"], "sqlite");
     let ga = group(&by_provider, "a");
+    // a's failed attempt is absorbed by b's answer: an attempt, not a request or an error of
+    // its own (DESIGN §8).
     assert_eq!(
-        (ga["attempts"].as_u64(), ga["failed_attempts"].as_u64()),
-        (Some(1), Some(1))
+        (
+            ga["attempts"].as_u64(),
+            ga["failed_attempts"].as_u64(),
+            ga["requests"].as_u64()
+        ),
+        (Some(1), Some(0), Some(0))
     );
     assert_eq!(
         ga["cost_usd"].as_f64(),
@@ -445,7 +451,9 @@ async fn the_ledger_on_postgresql_records_attempts_and_rebuilds_spend() {
     assert_eq!(post(&gw).await.status(), 200);
     let v = usage_when(&gw, "provider", 2).await;
     assert_eq!(v["backend"], "postgres");
-    assert_eq!(group(&v, "a")["failed_attempts"].as_u64(), Some(1));
+    // Absorbed by b's answer: no error of a's own.
+    assert_eq!(group(&v, "a")["failed_attempts"].as_u64(), Some(0));
+    assert_eq!(group(&v, "a")["attempts"].as_u64(), Some(1));
     assert_eq!(
         pg.rows(),
         [

@@ -170,6 +170,12 @@ async fn a_deployment_whose_token_minute_is_full_spills_to_the_next() {
             "a"
         );
     }
+    // The window settles to what an answer used once the request is logged (just after the
+    // caller has it): wait for both before the third.
+    gw.metrics_with(&[
+        r#"signalbox_requests_total{route="model:m",provider="a",status_class="2xx"} 2"#,
+    ])
+    .await;
     let r = post_chat(&gw, &body()).await;
     assert_eq!(header(&r, "x-llm-provider"), "b", "a's minute is full");
     assert_eq!(a.calls(), 2);

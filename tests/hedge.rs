@@ -69,6 +69,19 @@ fn messages(model: &str, stream: bool) -> Value {
     })
 }
 
+/// `POST /admin/explain` of a body.
+async fn explain(gw: &Gateway, body: &Value) -> Value {
+    client()
+        .post(format!("http://{}/admin/explain", gw.admin))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// Every ledger row, as (attempt, provider, outcome, absorbed).
 fn ledger_rows(path: &std::path::Path) -> Vec<(i64, String, String, i64)> {
     let db = rusqlite::Connection::open(path).unwrap();
@@ -473,15 +486,7 @@ async fn a_percentile_hedge_follows_the_targets_own_record() {
     assert_eq!(header(&r, "x-llm-provider"), "a");
     assert_eq!(header(&r, "x-llm-attempts"), "1");
     // Explain says so.
-    let explained: Value = client()
-        .post(format!("http://{}/admin/explain", gw.admin))
-        .json(&chat("fast"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let explained = explain(&gw, &chat("fast")).await;
     assert_eq!(explained["hedge"]["after"], "p50", "{explained}");
     assert_eq!(explained["hedge"]["candidate"], "b/up-b", "{explained}");
     // Its own record: a's answers take ~80 ms.
@@ -490,15 +495,7 @@ async fn a_percentile_hedge_follows_the_targets_own_record() {
         let r = post_chat(&gw, &chat("fast")).await;
         assert_eq!(header(&r, "x-llm-attempts"), "1");
     }
-    let explained: Value = client()
-        .post(format!("http://{}/admin/explain", gw.admin))
-        .json(&chat("fast"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let explained = explain(&gw, &chat("fast")).await;
     let starts = explained["hedge"]["starts_after_ms"].as_u64().unwrap();
     assert!((80..400).contains(&starts), "{explained}");
     // Now a is slower than half its record: the hedge starts at about that p50.

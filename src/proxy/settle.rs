@@ -136,15 +136,7 @@ pub fn apply(ctx: &mut RequestCtx, verdict: Verdict) -> Step {
                     },
                 )
             });
-            if scope == Scope::LargerContext {
-                let floor = context_floor(snapshot, a);
-                a.plan.require_context_above(floor);
-                a.attempts.failures.note_context_exceeded();
-            }
-            settle(snapshot, a, outcome, Held::Released);
-            if outcome != Outcome::StaleConnection {
-                a.attempts.failures.record(outcome);
-            }
+            close_failed(snapshot, a, outcome, scope);
             let env = plan_env(snapshot);
             let Some((target, target_ref, failed)) = failed else {
                 return Step::Answer(no_target_error(
@@ -237,6 +229,14 @@ pub fn failed_beside_rival(ctx: &mut RequestCtx, verdict: Verdict) -> bool {
     let Some(a) = admitted.as_mut() else {
         return false;
     };
+    close_failed(snapshot, a, outcome, scope);
+    true
+}
+
+/// Close the live attempt as failed: a context-length refusal raises the plan's floor, and
+/// the failure joins the request's log (a stale pooled connection is no failure of the
+/// provider's).
+fn close_failed(snapshot: &Snapshot, a: &mut Admitted, outcome: Outcome, scope: Scope) {
     if scope == Scope::LargerContext {
         let floor = context_floor(snapshot, a);
         a.plan.require_context_above(floor);
@@ -246,7 +246,6 @@ pub fn failed_beside_rival(ctx: &mut RequestCtx, verdict: Verdict) -> bool {
     if outcome != Outcome::StaleConnection {
         a.attempts.failures.record(outcome);
     }
-    true
 }
 
 /// What becomes of what an attempt's admission holds in the shared limits when it ends.

@@ -112,14 +112,14 @@ async fn a_slow_first_provider_is_raced_and_the_hedge_serves_at_once() {
             db.display()
         ),
     ));
-    // A whole answer: the first byte would come at 2 s.
-    a.push_script([slow(2_000)]);
+    // A whole answer: the first byte would come at 4 s.
+    a.push_script([slow(4_000)]);
     let started = Instant::now();
     let r = post_chat(&gw, &chat("m")).await;
     let took = started.elapsed();
     assert_eq!(r.status(), 200, "{}", gw.stderr());
     assert!(
-        took < Duration::from_millis(1_000),
+        took < Duration::from_millis(2_000),
         "answered by the hedge: {took:?}"
     );
     assert!(
@@ -273,18 +273,18 @@ async fn when_both_are_slow_the_faster_wins() {
     let a = mock("a").await;
     let b = mock("b").await;
     let gw = start(config(&a, &b, "{ after: 200ms, max_share: 1.0 }"));
-    // a answers at 1.5 s; b, started at 200 ms, at 700 ms.
-    a.push_script([slow(1_500)]);
+    // a answers at 3 s; b, started at 200 ms, at 700 ms.
+    a.push_script([slow(3_000)]);
     b.push_script([slow(500)]);
     let started = Instant::now();
     let r = post_chat(&gw, &chat("m")).await;
     let took = started.elapsed();
     assert_eq!(header(&r, "x-llm-provider"), "b");
     assert_eq!(header(&r, "x-llm-hedged"), "won");
-    assert!(took < Duration::from_millis(1_400), "{took:?}");
+    assert!(took < Duration::from_millis(2_500), "{took:?}");
     // And the other way round: a answers first.
-    a.push_script([slow(600)]);
-    b.push_script([slow(1_500)]);
+    a.push_script([slow(700)]);
+    b.push_script([slow(3_000)]);
     let r = post_chat(&gw, &chat("m")).await;
     assert_eq!(header(&r, "x-llm-provider"), "a");
     assert_eq!(header(&r, "x-llm-hedged"), "lost");
@@ -371,7 +371,7 @@ async fn streams_hedge_on_first_content_in_both_dialects_translated_or_not() {
         );
         assert_eq!(header(&r, "x-llm-attempts"), "2");
         let (text, broken) = read_all(r).await;
-        assert!(started.elapsed() < Duration::from_millis(1_500), "{kind}");
+        assert!(started.elapsed() < Duration::from_millis(2_500), "{kind}");
         assert!(!broken, "{text}");
         if anthropic_caller {
             assert!(text.contains("message_stop"), "{text}");
@@ -504,7 +504,7 @@ async fn a_percentile_hedge_follows_the_targets_own_record() {
     let r = post_chat(&gw, &chat("fast")).await;
     assert_eq!(header(&r, "x-llm-provider"), "b");
     assert_eq!(header(&r, "x-llm-hedged"), "won");
-    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(started.elapsed() < Duration::from_secs(2));
 }
 
 /// `signalbox -t` on a config text: what it printed.

@@ -19,8 +19,7 @@ mod common;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -77,36 +76,6 @@ fn python() -> PathBuf {
             venv.join("bin/python")
         })
         .clone()
-}
-
-/// Run `cmd` to completion, killed if it takes longer than `limit`.
-fn output_within(mut cmd: Command, limit: Duration) -> Output {
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
-    let (done, finished) = mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        let expired = finished.recv_timeout(limit) == Err(RecvTimeoutError::Timeout);
-        if expired {
-            // Not reaped yet: `wait_with_output` below is still waiting for it.
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-        }
-        expired
-    });
-    let out = child.wait_with_output().unwrap();
-    drop(done);
-    let expired = watchdog.join().unwrap();
-    assert!(
-        !expired,
-        "{cmd:?} ran longer than {limit:?}:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -68,13 +68,15 @@ async fn chunks_arrive_as_they_are_produced() {
         .collect();
     assert_eq!(
         events.len(),
-        7,
-        "5 content events, the final event, [DONE]: {text}"
+        8,
+        "the role-only chunk, 5 content events, the final event, [DONE]: {text}"
     );
     assert_eq!(*events.last().unwrap(), "data: [DONE]");
-    for e in &events[..6] {
+    for (i, e) in events[..7].iter().enumerate() {
         let v: serde_json::Value = serde_json::from_str(&e["data: ".len()..]).unwrap();
         assert_eq!(v["model"], "m", "the caller's name in every chunk: {e}");
+        let delta = &v["choices"][0]["delta"];
+        assert_eq!(i == 0, delta.get("role").is_some(), "the role leads: {e}");
     }
     // The stream takes about 6 gaps (900 ms). The first event must arrive long before the end,
     // and arrivals must be spread out, not delivered in one burst.
@@ -119,8 +121,9 @@ async fn mid_stream_death_ends_with_an_error_event_not_done() {
         .split("\n\n")
         .filter(|e| e.starts_with("data: "))
         .collect();
-    assert_eq!(events.len(), 3, "{text}");
-    let last: serde_json::Value = serde_json::from_str(&events[2]["data: ".len()..]).unwrap();
+    // The role-only chunk, 2 content events, the error event.
+    assert_eq!(events.len(), 4, "{text}");
+    let last: serde_json::Value = serde_json::from_str(&events[3]["data: ".len()..]).unwrap();
     assert_eq!(last["error"]["code"], "upstream_stream_interrupted");
     assert!(!text.contains("[DONE]"));
     assert_eq!(b.calls(), 0, "no attempt after the first byte");

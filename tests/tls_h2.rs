@@ -205,13 +205,15 @@ async fn a_stream_fails_over_and_streams_over_http2() {
         .collect();
     assert_eq!(
         events.len(),
-        7,
-        "5 content events, the final one, [DONE]: {text}"
+        8,
+        "the role-only chunk, 5 content events, the final one, [DONE]: {text}"
     );
     assert_eq!(*events.last().unwrap(), "data: [DONE]");
-    for e in &events[..6] {
+    for (i, e) in events[..7].iter().enumerate() {
         let v: serde_json::Value = serde_json::from_str(&e["data: ".len()..]).unwrap();
         assert_eq!(v["model"], "m", "the caller's name in every chunk: {e}");
+        let delta = &v["choices"][0]["delta"];
+        assert_eq!(i == 0, delta.get("role").is_some(), "the role leads: {e}");
     }
     // Streamed as produced (about 6 gaps of 150 ms), not buffered to the end.
     let first = chunks.first().unwrap().0.duration_since(sent);
@@ -449,8 +451,12 @@ async fn a_broken_stream_ends_with_an_error_event_over_http2() {
             .split("\n\n")
             .filter(|e| e.starts_with("data: "))
             .collect();
-        assert_eq!(events.len(), 3, "two chunks and the error event: {text}");
-        let last: serde_json::Value = serde_json::from_str(&events[2]["data: ".len()..]).unwrap();
+        assert_eq!(
+            events.len(),
+            4,
+            "the role-only chunk, two content chunks and the error event: {text}"
+        );
+        let last: serde_json::Value = serde_json::from_str(&events[3]["data: ".len()..]).unwrap();
         assert_eq!(last["error"]["code"], "upstream_stream_interrupted");
         assert!(!text.contains("[DONE]"));
     }

@@ -65,8 +65,13 @@ async fn finish((mut r, mut text): (reqwest::Response, String)) {
         text.push_str(&String::from_utf8_lossy(&c));
     }
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
-    // Every content event and the final one.
-    assert_eq!(text.matches("data: {").count(), CHUNKS + 1, "{text}");
+    // The role-only chunk, every content event and the final one.
+    assert_eq!(text.matches("data: {").count(), 1 + CHUNKS + 1, "{text}");
+    assert!(
+        text.starts_with("data: {")
+            && text.contains(r#""delta":{"role":"assistant","content":""}"#),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

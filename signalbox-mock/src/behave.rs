@@ -230,7 +230,7 @@ pub(super) async fn act<S: MockIo>(
 enum Start {
     /// No opening events.
     Skip,
-    /// The stream's own opening events (none for OpenAI chat and completions).
+    /// The stream's own opening events (none for completions and chat tool calls).
     Normal,
     /// An opening event even where the stream has none.
     Forced,

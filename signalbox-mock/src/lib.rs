@@ -23,12 +23,14 @@
 //! dialect-neutral: the endpoint called decides the dialect of what is sent (error bodies,
 //! stream events, in-band errors). What answers look like:
 //!
-//! - **Chat completions**: `chat.completion` JSON, or SSE `data:` chunks ending with a
+//! - **Chat completions**: `chat.completion` JSON, or SSE `data:` chunks: a role-only first
+//!   chunk (`"delta":{"role":"assistant","content":""}`), the content, a
 //!   `finish_reason` chunk (which carries `usage`) and `data: [DONE]`. With
 //!   `stream_options.include_usage: true` the finish chunk has no usage and a last chunk with
 //!   `"choices": []` and `usage` comes before `[DONE]`, as OpenAI does. With `tools` (see
 //!   below) the answer is one `tool_calls` entry (`call_mock_N`), finish reason `tool_calls`;
-//!   streamed, a first chunk names the function and the arguments follow over `chunks` chunks.
+//!   streamed, a first chunk names the function (with the role) and the arguments follow
+//!   over `chunks` chunks.
 //! - **Completions**: `text_completion` JSON or SSE, like chat with `choices[].text`.
 //! - **Embeddings**: one 8-dimension vector per input (a string, a token array, or an array of
 //!   either), fixed for each position in the list; never streamed.

@@ -302,6 +302,18 @@ pub(super) fn completion_json(out: &mut Vec<u8>, a: &Answer<'_>, content: Option
     out.push(b'}');
 }
 
+/// The opening SSE event of a text answer: a role-only delta
+/// (`{"role":"assistant","content":""}`), as OpenAI sends before any content.
+pub(super) fn role_event(out: &mut Vec<u8>, a: &Answer<'_>) {
+    out.extend_from_slice(b"data: ");
+    push_prefix(out, a, b"chat.completion.chunk");
+    out.extend_from_slice(b",\"mock_sent_us\":");
+    push_int(out, unix_micros());
+    out.extend_from_slice(
+        b",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n",
+    );
+}
+
 /// A content SSE event carrying `piece` (raw text, escaped here).
 pub(super) fn content_event(out: &mut Vec<u8>, a: &Answer<'_>, piece: &str) {
     out.extend_from_slice(b"data: ");

@@ -10,7 +10,8 @@
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use signalbox_mock::{Behaviour, MockConfig, MockHandle, MockServer, StreamShape};
@@ -26,6 +27,36 @@ pub fn skip_unless_ci(why: &str) {
         "SIGNALBOX_CI is set and {why}: .ci/run installs it, so this test may not skip"
     );
     eprintln!("skipped: {why} (SIGNALBOX_CI unset; .ci/run installs it)");
+}
+
+/// Run `cmd` to completion, killed if it takes longer than `limit`.
+pub fn output_within(mut cmd: Command, limit: Duration) -> Output {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    let (done, finished) = mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let expired = finished.recv_timeout(limit) == Err(RecvTimeoutError::Timeout);
+        if expired {
+            // Not reaped yet: `wait_with_output` below is still waiting for it.
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        expired
+    });
+    let out = child.wait_with_output().unwrap();
+    drop(done);
+    let expired = watchdog.join().unwrap();
+    assert!(
+        !expired,
+        "{cmd:?} ran longer than {limit:?}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 /// A free loopback port (bound then released; the gateway binds it right after).

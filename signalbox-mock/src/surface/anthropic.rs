@@ -230,7 +230,13 @@ impl Surface for Messages<'_> {
             &json!({
                 "type": "message_delta",
                 "delta": {"stop_reason": self.stop_reason(), "stop_sequence": null},
-                "usage": {"output_tokens": self.cx.completion_tokens()},
+                // Cumulative, the input counts repeated, as the API sends them now.
+                "usage": {
+                    "input_tokens": self.cx.prompt_tokens,
+                    "cache_creation_input_tokens": 0,
+                    "cache_read_input_tokens": 0,
+                    "output_tokens": self.cx.completion_tokens(),
+                },
             }),
         );
         f.named("message_stop", &json!({"type": "message_stop"}));

@@ -99,8 +99,14 @@ impl Surface for Chat<'_> {
         wire::completion_json(out, &self.answer(), None);
     }
 
+    /// A text answer opens with a role-only chunk, as OpenAI's do (openai-node's
+    /// `finalChatCompletion()` needs the role); a tool call's first chunk carries the role
+    /// itself, so it opens with nothing unless `forced`.
     fn start(&mut self, f: &mut Frames<'_>, forced: bool) {
-        if forced {
+        if self.cx.tool.is_none() {
+            let answer = self.answer();
+            f.raw(|ev| wire::role_event(ev, &answer));
+        } else if forced {
             f.data(&self.chunk(json!({"role": "assistant", "content": ""})));
         }
     }

@@ -11,6 +11,7 @@ use tokio::net::TcpStream;
 
 use super::*;
 
+mod fixtures;
 mod misbehaviours;
 mod surfaces;
 
@@ -293,13 +294,14 @@ async fn sse_events_are_spread_over_time_and_end_with_done() {
         arrivals.push(sent.elapsed());
         chunks.push(chunk);
     }
-    // 4 content events, the finish event, [DONE]: each in its own chunk.
-    assert_eq!(chunks.len(), 6);
+    // The role-only chunk, 4 content events, the finish event, [DONE]: each in its own
+    // chunk.
+    assert_eq!(chunks.len(), 7);
     let mut text = String::new();
     let mut last_sent_us = 0;
     for (i, chunk) in chunks.iter().enumerate() {
         let (events, done) = sse_events(chunk);
-        if i == 5 {
+        if i == 6 {
             assert!(done && events.is_empty());
             continue;
         }
@@ -311,8 +313,16 @@ async fn sse_events_are_spread_over_time_and_end_with_done() {
         let sent_us = e["mock_sent_us"].as_u64().unwrap();
         assert!(sent_us >= last_sent_us);
         last_sent_us = sent_us;
-        if i < 4 {
+        if i == 0 {
+            // OpenAI opens with the role and empty content, nothing else.
             assert!(e["choices"][0]["finish_reason"].is_null());
+            assert_eq!(
+                e["choices"][0]["delta"],
+                serde_json::json!({"role": "assistant", "content": ""})
+            );
+        } else if i < 5 {
+            assert!(e["choices"][0]["finish_reason"].is_null());
+            assert!(e["choices"][0]["delta"].get("role").is_none());
             text.push_str(e["choices"][0]["delta"]["content"].as_str().unwrap());
         } else {
             assert_eq!(e["choices"][0]["finish_reason"], "stop");
@@ -322,9 +332,9 @@ async fn sse_events_are_spread_over_time_and_end_with_done() {
     }
     assert_eq!(text, REPLY);
     // The first event is not held back until the stream is complete: 3 gaps of 50 ms separate
-    // it from the last content event.
+    // the first content event from the last.
     assert!(
-        arrivals[3] - arrivals[0] >= Duration::from_millis(140),
+        arrivals[4] - arrivals[1] >= Duration::from_millis(140),
         "{arrivals:?}"
     );
     // Keep-alive after a chunked answer.
@@ -344,8 +354,10 @@ async fn stream_behaviour_overrides_the_shape() {
     let resp = chat(&h, true).await;
     let (events, done) = sse_events(&resp.body);
     assert!(done);
-    assert_eq!(events.len(), 9);
-    let text: String = events[..8]
+    // The role-only chunk, 8 content chunks, the finish chunk.
+    assert_eq!(events.len(), 10);
+    assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = events[1..9]
         .iter()
         .map(|e| {
             e["choices"][0]["delta"]["content"]
@@ -485,18 +497,23 @@ async fn mid_stream_death_sends_n_events_then_resets() {
     assert_eq!(status, 200);
     let (rest, err) = c.read_to_end().await;
     assert_eq!(err, Some(io::ErrorKind::ConnectionReset));
-    // Exactly two complete chunks, each one content event; no terminal chunk, no [DONE].
+    // Exactly three complete chunks, the role-only chunk then two content events; no
+    // terminal chunk, no [DONE].
     let mut c2 = Client::new(tokio::io::empty());
     c2.buf = rest;
     let mut events = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..3 {
         let chunk = c2.chunk().await.unwrap();
         let (e, done) = sse_events(&chunk);
         assert!(!done);
         events.extend(e);
     }
     assert!(c2.buf.is_empty(), "trailing bytes: {:?}", c2.buf);
-    assert_eq!(events.len(), 2);
+    assert_eq!(events.len(), 3);
+    assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(events[1..]
+        .iter()
+        .all(|e| e["choices"][0]["delta"]["content"].is_string()));
     assert!(events
         .iter()
         .all(|e| e["choices"][0]["finish_reason"].is_null()));
@@ -874,7 +891,8 @@ async fn tls_serves_and_resets() {
     assert_eq!(resp.status, 200);
     let (events, done) = sse_events(&resp.body);
     assert!(done);
-    assert_eq!(events.len(), 6);
+    // The role-only chunk, 5 content chunks, the finish chunk.
+    assert_eq!(events.len(), 7);
     h.push_script([Behaviour::Reset]);
     c.send(&post("/v1/chat/completions", &chat_body("m", false), ""))
         .await;

@@ -593,13 +593,15 @@ async fn chat_include_usage_ends_with_a_usage_chunk() {
     let resp = one_shot(&h, &request_to(Endpoint::ChatCompletions, &body)).await;
     let (events, done) = sse_events(&resp.body);
     assert!(done);
-    // 5 content chunks, the finish chunk (without usage), the usage chunk.
-    assert_eq!(events.len(), 7);
-    assert_eq!(events[5]["choices"][0]["finish_reason"], "stop");
-    assert!(events[5].get("usage").is_none());
-    assert_eq!(events[6]["choices"], json!([]));
-    assert_eq!(events[6]["usage"]["completion_tokens"], 3);
-    assert_eq!(events[6]["usage"]["prompt_tokens"], (body.len() / 4) as u64);
+    // The role-only chunk, 5 content chunks, the finish chunk (without usage), the usage
+    // chunk.
+    assert_eq!(events.len(), 8);
+    assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(events[6]["choices"][0]["finish_reason"], "stop");
+    assert!(events[6].get("usage").is_none());
+    assert_eq!(events[7]["choices"], json!([]));
+    assert_eq!(events[7]["usage"]["completion_tokens"], 3);
+    assert_eq!(events[7]["usage"]["prompt_tokens"], (body.len() / 4) as u64);
     // include_usage false: as without stream_options (usage on the finish chunk).
     let body = body_for(
         Endpoint::ChatCompletions,
@@ -611,8 +613,8 @@ async fn chat_include_usage_ends_with_a_usage_chunk() {
             .await
             .body,
     );
-    assert_eq!(events.len(), 6);
-    assert_eq!(events[5]["usage"]["completion_tokens"], 3);
+    assert_eq!(events.len(), 7);
+    assert_eq!(events[6]["usage"]["completion_tokens"], 3);
 }
 
 #[tokio::test]

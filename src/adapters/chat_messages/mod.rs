@@ -38,6 +38,7 @@
 //! | `user` or `safety_identifier` | `metadata.user_id` |
 //! | `reasoning_effort` `low`/`medium`/`high`/`xhigh` (`none`/`minimal`: no thinking) | `thinking` with a budget of 1024/2048/4096/8192 (and back: under 2048 low, under 4096 medium, else high; `adaptive`: the chat model's own default) |
 //! | `reasoning_effort` (toward chat, when no thinking budget says more) | `output_config.effort` `low`/`medium`/`high` (`max`: `high`) |
+//! | `reasoning_effort` (toward chat: the latest turn's wins over the request's) | a message's own `output_config.effort` (Anthropic's per-turn control; Claude Code 2.1 sends it on a system message) |
 //! | `system` messages where they stand (toward chat) | `system`-role messages between turns, as agents (Claude Code) send them |
 //! | `finish_reason` `stop` / `length` / `tool_calls` / `content_filter` | `stop_reason` `end_turn` or `stop_sequence` / `max_tokens` / `tool_use` / `refusal` |
 //! | `usage` (`prompt_tokens` includes cached ones, `prompt_tokens_details.cached_tokens`) | `usage` (`input_tokens` excludes `cache_read_input_tokens` and `cache_creation_input_tokens`) |
@@ -65,7 +66,7 @@
 //!   sources by `file` (the Files API), PDF documents by URL or by content blocks,
 //!   `citations`, images inside a `tool_result`, server-tool blocks, a final assistant
 //!   message (a prefill: chat models answer it instead of continuing it), `container`,
-//!   `mcp_servers`, `output_config` members other than `effort`;
+//!   `mcp_servers`, `output_config` members other than `effort` (the request's or a turn's);
 //! - both ways: any field the dialect does not define (the providers refuse them too).
 //!
 //! Dropped, because they change nothing in the answer (or nothing the target can act on):
@@ -75,8 +76,10 @@
 //! whole conversation, which answers the same), `prompt_cache_key`,
 //! `prompt_cache_retention`, `prediction` (latency only), `seed` (best effort at OpenAI
 //! itself), `image_url.detail`, message `name`, a tool's `strict` flag (Anthropic follows the
-//! schema without the grammar guarantee), `is_error` on a tool result (its text says so), a
-//! text document's `title`/`context`, `routing` (signalbox's own member), and in responses
+//! schema without the grammar guarantee), a tool's `defer_loading` (toward chat: the chat model
+//! sees every tool at once instead of finding deferred ones by tool search, which answers the
+//! same), `thinking.display` (toward chat, with the rest of `thinking`), `is_error` on a tool
+//! result (its text says so), a text document's `title`/`context`, `routing` (signalbox's own member), and in responses
 //! `stop_sequence` (chat does not say which sequence matched), `citations` and `logprobs`.
 //! Usage keeps its totals, but a chat caller cannot tell cache writes from other input.
 

@@ -886,6 +886,9 @@ pub fn messages_request_to_chat(body: &[u8], opts: &ToChat<'_>) -> Result<Vec<u8
         ));
     };
     let last = turns.len().saturating_sub(1);
+    // The effort of the latest turn that set one (Anthropic's per-turn control, as Claude Code
+    // sends it on a system message): it overrides the request's from that turn on.
+    let mut turn_effort = None;
     for (i, turn) in turns.into_iter().enumerate() {
         let at = format!("messages[{i}]");
         let Value::Object(mut turn) = turn else {
@@ -893,6 +896,11 @@ pub fn messages_request_to_chat(body: &[u8], opts: &ToChat<'_>) -> Result<Vec<u8
         };
         let content = turn.remove("content").unwrap_or(Value::Null);
         let role = turn.remove("role");
+        if let Some(config) = turn.remove("output_config") {
+            if let Some(effort) = output_config_effort(config, &format!("{at}.output_config"))? {
+                turn_effort = Some(effort);
+            }
+        }
         refuse_leftovers(turn, "a message field").map_err(|e| Unexpressible {
             field: format!("{at}.{}", e.field),
             ..e
@@ -1016,31 +1024,44 @@ pub fn messages_request_to_chat(body: &[u8], opts: &ToChat<'_>) -> Result<Vec<u8
             }
         }
     }
-    if let Some(config) = req.remove("output_config") {
-        let Value::Object(mut config) = config else {
-            return Err(Unexpressible::new("output_config", "must be an object"));
-        };
-        if let Some(effort) = config.remove("effort") {
-            let effort = match effort.as_str() {
-                Some(e @ ("low" | "medium" | "high")) => e,
-                Some("max") => "high",
-                _ => {
-                    return Err(Unexpressible::new(
-                        "output_config.effort",
-                        "must be low, medium, high or max",
-                    ))
-                }
-            };
-            // A thinking budget says more than an effort.
-            out.entry("reasoning_effort").or_insert(effort.into());
-        }
-        refuse_leftovers(config, "an output_config member").map_err(|e| Unexpressible {
-            field: format!("output_config.{}", e.field),
-            ..e
-        })?;
+    let request_effort = match req.remove("output_config") {
+        Some(config) => output_config_effort(config, "output_config")?,
+        None => None,
+    };
+    if let Some(effort) = turn_effort.or(request_effort) {
+        // A thinking budget says more than an effort.
+        out.entry("reasoning_effort").or_insert(effort.into());
     }
     refuse_leftovers(req, "a Messages parameter")?;
     Ok(Value::Object(out).to_string().into_bytes())
+}
+
+/// An `output_config` (the request's or a turn's, at `at`) as the chat `reasoning_effort` its
+/// `effort` stands for; any other member is refused.
+fn output_config_effort(config: Value, at: &str) -> Result<Option<&'static str>, Unexpressible> {
+    let Value::Object(mut config) = config else {
+        return Err(Unexpressible::new(at, "must be an object"));
+    };
+    let effort = match config.remove("effort") {
+        None => None,
+        Some(effort) => Some(match effort.as_str() {
+            Some("low") => "low",
+            Some("medium") => "medium",
+            Some("high") => "high",
+            Some("max") => "high",
+            _ => {
+                return Err(Unexpressible::new(
+                    format!("{at}.effort"),
+                    "must be low, medium, high or max",
+                ))
+            }
+        }),
+    };
+    refuse_leftovers(config, "an output_config member").map_err(|e| Unexpressible {
+        field: format!("{at}.{}", e.field),
+        ..e
+    })?;
+    Ok(effort)
 }
 
 /// Anthropic's `system` (a string or text blocks) as a chat system message's content.

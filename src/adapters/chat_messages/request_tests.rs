@@ -1023,3 +1023,62 @@ fn a_claude_code_request_reaches_a_chat_model() {
     assert_eq!(out["user"], "user_abc_account_x_session_y");
     assert!(!out.to_string().contains("cache_control"));
 }
+
+/// What Claude Code 2.1.332 sends beyond that (captured from it): a per-turn effort on a system
+/// message (Anthropic's per-turn control), `thinking.display`, deferred tools (tool search).
+/// The latest turn's effort wins over the request's; the rest is dropped.
+#[test]
+fn a_per_turn_effort_overrides_the_requests() {
+    let body = json!({
+        "model": "claude-opus-5-5",
+        "max_tokens": 128000,
+        "stream": true,
+        "messages": [
+            {"role": "user", "content": "Say hello."},
+            {"role": "system", "content": [{"type": "text", "text": "# Environment", "cache_control": {"type": "ephemeral"}}],
+             "output_config": {"effort": "low"}},
+            {"role": "user", "content": "Go on."}
+        ],
+        "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}, "defer_loading": true}],
+        "thinking": {"type": "adaptive", "display": "omitted"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"}
+    });
+    let out = to_chat(&body).expect("a Claude Code 2.1 request translates");
+    assert_eq!(out["reasoning_effort"], "low", "{out}");
+    let msgs = out["messages"].as_array().unwrap();
+    assert_eq!(
+        msgs[1],
+        json!({"role": "system", "content": "# Environment"})
+    );
+    assert!(
+        msgs.iter().all(|m| m.get("output_config").is_none()),
+        "{out}"
+    );
+    assert_eq!(out["tools"][0]["function"]["name"], "Bash");
+    assert!(!out.to_string().contains("defer_loading"), "{out}");
+    assert!(out.get("thinking").is_none(), "{out}");
+
+    // A turn's effort alone; `max` is OpenAI's `high`.
+    let mut alone = body.clone();
+    alone.as_object_mut().unwrap().remove("output_config");
+    alone["messages"][1]["output_config"] = json!({"effort": "max"});
+    assert_eq!(to_chat(&alone).unwrap()["reasoning_effort"], "high");
+
+    // A turn's output_config member chat cannot express is refused, named where it stands.
+    for (config, field) in [
+        (
+            json!({"format": {"type": "json_schema"}}),
+            "messages[1].output_config.format",
+        ),
+        (
+            json!({"effort": "extreme"}),
+            "messages[1].output_config.effort",
+        ),
+        (json!("low"), "messages[1].output_config"),
+    ] {
+        let mut bad = body.clone();
+        bad["messages"][1]["output_config"] = config;
+        assert_eq!(to_chat(&bad).expect_err(field).field, field);
+    }
+}

@@ -184,9 +184,9 @@ async fn a_slow_first_provider_is_raced_and_the_hedge_serves_at_once() {
 async fn the_losers_connection_is_closed_within_100ms_of_the_win() {
     let a = mock("a").await;
     let b = mock("b").await;
-    // Two hedges within a second: the share cap must allow both.
-    let gw = start(config(&a, &b, "{ after: 300ms, max_share: 1.0 }"));
     for stream in [false, true] {
+        // A gateway per hedge: the share cap counts the last second's requests.
+        let gw = start(config(&a, &b, "{ after: 300ms }"));
         a.reset();
         a.push_script([Behaviour::Hang]);
         let body = if stream { stream_chat("m") } else { chat("m") };
@@ -272,7 +272,7 @@ async fn a_hedge_that_loses_is_closed_and_the_first_attempt_serves() {
 async fn when_both_are_slow_the_faster_wins() {
     let a = mock("a").await;
     let b = mock("b").await;
-    let gw = start(config(&a, &b, "{ after: 200ms, max_share: 1.0 }"));
+    let gw = start(config(&a, &b, "{ after: 200ms }"));
     // a answers at 3 s; b, started at 200 ms, at 700 ms.
     a.push_script([slow(3_000)]);
     b.push_script([slow(500)]);
@@ -282,7 +282,10 @@ async fn when_both_are_slow_the_faster_wins() {
     assert_eq!(header(&r, "x-llm-provider"), "b");
     assert_eq!(header(&r, "x-llm-hedged"), "won");
     assert!(took < Duration::from_millis(2_500), "{took:?}");
-    // And the other way round: a answers first.
+    // And the other way round: a answers first (a gateway per hedge: the share cap counts the
+    // last second's requests).
+    drop(gw);
+    let gw = start(config(&a, &b, "{ after: 200ms }"));
     a.push_script([slow(700)]);
     b.push_script([slow(3_000)]);
     let r = post_chat(&gw, &chat("m")).await;
@@ -296,13 +299,17 @@ async fn an_attempt_that_fails_beside_its_rival_leaves_the_rival_running() {
     let b = mock("b").await;
     let c = mock("c").await;
     // a's own TTFB timeout is short (so it can fail while the hedge waits); b's is not.
-    let gw = Gateway::start(format!(
+    // A gateway per case: the share cap counts the last second's requests.
+    let gateway = || {
+        Gateway::start(format!(
         "providers:\n  a: {{ kind: openai, base_url: \"{}\", ttfb_timeout: 500ms }}\n{}{}models:\n  m:\n    strategy: priority\n    deployments:\n      - {{ provider: a, model: up-a, priority: 1 }}\n      - {{ provider: b, model: up-b, priority: 2 }}\n      - {{ provider: c, model: up-c, priority: 3 }}\n\
-         failover: {{ hedge: {{ after: 100ms, min_after: 50ms, max_share: 1.0 }} }}\n{NO_BREAKERS}",
+         failover: {{ hedge: {{ after: 100ms, min_after: 50ms }} }}\n{NO_BREAKERS}",
         a.base_url(),
         provider("b", &b),
         provider("c", &c),
-    ));
+    ))
+    };
+    let gw = gateway();
     // The hedge (b) fails at once; a goes on and serves; nothing else is called.
     a.push_script([slow(400)]);
     b.push_script([status(500)]);
@@ -312,6 +319,7 @@ async fn an_attempt_that_fails_beside_its_rival_leaves_the_rival_running() {
     assert_eq!(header(&r, "x-llm-attempts"), "2");
     assert_eq!(header(&r, "x-llm-hedged"), "lost");
     assert_eq!(c.calls(), 0, "the failed hedge is not replaced");
+    let gw = gateway();
     // The first attempt fails (its TTFB timeout, at 500 ms) while the hedge waits: the hedge
     // is the request's attempt, and serves at 800 ms.
     a.push_script([Behaviour::Hang]);
@@ -322,6 +330,7 @@ async fn an_attempt_that_fails_beside_its_rival_leaves_the_rival_running() {
     assert_eq!(header(&r, "x-llm-attempts"), "2");
     assert_eq!(header(&r, "x-llm-hedged"), "won");
     assert_eq!(c.calls(), 0);
+    let gw = gateway();
     // Both fail: the plan moves on to c, which runs alone (one hedge per request).
     a.push_script([Behaviour::Hang]);
     b.push_script([status(500)]);
@@ -344,13 +353,7 @@ async fn streams_hedge_on_first_content_in_both_dialects_translated_or_not() {
     for (kind, anthropic_caller) in [("openai", false), ("anthropic", true), ("openai", true)] {
         let a = mock("a").await;
         let b = mock("b").await;
-        let gw = start(config_of(
-            kind,
-            &a,
-            &b,
-            "{ after: 300ms, max_share: 1.0 }",
-            "",
-        ));
+        let gw = start(config_of(kind, &a, &b, "{ after: 300ms }", ""));
         a.push_script([slow(3_000)]);
         let started = Instant::now();
         let r = if anthropic_caller {
@@ -384,8 +387,9 @@ async fn streams_hedge_on_first_content_in_both_dialects_translated_or_not() {
             assert!(text.contains("[DONE]"), "{text}");
             assert_eq!(text.matches("[DONE]").count(), 1, "one answer: {text}");
         }
-        // Non-stream too, Anthropic callers.
+        // Non-stream too, Anthropic callers (a gateway per hedge: the share cap).
         if anthropic_caller {
+            let gw = start(config_of(kind, &a, &b, "{ after: 300ms }", ""));
             a.push_script([slow(3_000)]);
             let r = post_messages(&gw, &messages("m", false)).await;
             assert_eq!(header(&r, "x-llm-hedged"), "won");

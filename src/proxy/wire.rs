@@ -14,6 +14,16 @@
 //! it wrote (read only for `HEAD`, upgrades and a request's `Connection: close`), the body
 //! writer (not used again: the body is whole) and the sent-bytes count (not read by
 //! signalbox). Requests that would need any of it take Pingora's own two writes.
+//!
+//! The fast path (Pingora's proxy loop) keeps its two writes: its session is Pingora's
+//! (`pingora-proxy` `proxy_h1.rs`: `client_session.write_request_header(..)`, then the body
+//! through `send_body_to1` → `write_body`), and no hook sees it. The only seam under it is
+//! `PeerOptions::custom_l4` returning a `VirtualSocketStream`, and a virtual stream's fd is
+//! `-1` (`l4/stream.rs`: `RawStream::Virtual(_) => -1`): the pool's reuse test
+//! (`connectors/mod.rs` `reused_stream`: `if peer.matches_fd(stream.id()) && ...`) runs
+//! `getpeername(-1)`, which fails, so `check_fd_match` answers false and every pooled
+//! connection is dropped; and every virtual stream is pooled under the same id `-1`. One send
+//! saved would cost a TCP connect per request.
 
 use std::io::{ErrorKind, IoSlice};
 

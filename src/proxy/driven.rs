@@ -34,7 +34,7 @@ use tokio::time::{timeout, timeout_at, Instant};
 use super::admission::{self, Admission};
 use super::ctx::{Broke, RequestCtx};
 use super::settle::{self, Step};
-use super::{attempt, planning, respond, response};
+use super::{attempt, planning, respond, response, wire};
 use crate::adapters::caller::CallerRequest;
 use crate::attempt::verdict::HELD_BODY_LIMIT;
 use crate::attempt::{self as verdicts, BodyEnd, CommitAt, Outcome, Sent, Verdict};
@@ -617,13 +617,24 @@ pub(super) async fn send(
         reused,
         written: false,
     };
-    up.write_request_header(Box::new(request))
-        .await
-        .map_err(unwritten)?;
-    if !body.is_empty() {
-        up.write_request_body(body, true).await.map_err(unwritten)?;
-    }
-    up.finish_request_body().await.map_err(unwritten)?;
+    up = match up {
+        // Head and a known body in one write (issue 22); the bytes are Pingora's own.
+        UpstreamSession::H1(h1) if wire::coalescable(&request, &body) => UpstreamSession::H1(
+            wire::send_whole(h1, peer, &request, &body)
+                .await
+                .map_err(unwritten)?,
+        ),
+        mut up => {
+            up.write_request_header(Box::new(request))
+                .await
+                .map_err(unwritten)?;
+            if !body.is_empty() {
+                up.write_request_body(body, true).await.map_err(unwritten)?;
+            }
+            up.finish_request_body().await.map_err(unwritten)?;
+            up
+        }
+    };
     let unanswered = |error: Box<Error>| SendError::Proxy {
         error,
         reused,

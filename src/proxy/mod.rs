@@ -30,7 +30,8 @@
 //! `settle`: the one place an attempt's outcome reaches health, the request's failure log and
 //! the next target. `response` is the header and body handling they share; `respond` writes
 //! what signalbox answers itself (errors, `/v1/models`, routing headers); `ctx` is the typed
-//! context; `body` is how any body size is replayed.
+//! context; `body` is how any body size is replayed; `wire` sends the driven path's request
+//! head and a known body in one write.
 
 pub mod access;
 pub mod admission;
@@ -47,6 +48,7 @@ pub mod planning;
 pub mod respond;
 pub mod response;
 pub mod settle;
+pub mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,0 +1,169 @@
+//! The driven path's upstream request on the wire: a request head and its body of known
+//! length leave in one write (issue 22).
+//!
+//! Pingora's `write_request_header` does `write_all` + `flush` of the head and the body
+//! follows in its own write: two sends, and on loopback each carries the receiver's TCP work.
+//! Here, for an HTTP/1.1 session whose body length is known and small, the head is serialised
+//! by Pingora's own `http_req_header_to_wire` (so the bytes are exactly today's) and written
+//! with the body in one vectored write on the session's stream, which then goes back into a
+//! fresh session (`HttpSession::new_with_options`, as the connector builds it). The stream is
+//! the connector's real TCP (or TLS) stream, so the pool, its fd-keyed reuse test and the
+//! digests are untouched.
+//!
+//! What a fresh session lacks is the state `write_request_header` would have left: the request
+//! it wrote (read only for `HEAD`, upgrades and a request's `Connection: close`), the body
+//! writer (not used again: the body is whole) and the sent-bytes count (not read by
+//! signalbox). Requests that would need any of it take Pingora's own two writes.
+//!
+//! The fast path (Pingora's proxy loop) keeps its two writes: its session is Pingora's
+//! (`pingora-proxy` `proxy_h1.rs`: `client_session.write_request_header(..)`, then the body
+//! through `send_body_to1` → `write_body`), and no hook sees it. The only seam under it is
+//! `PeerOptions::custom_l4` returning a `VirtualSocketStream`, and a virtual stream's fd is
+//! `-1` (`l4/stream.rs`: `RawStream::Virtual(_) => -1`): the pool's reuse test
+//! (`connectors/mod.rs` `reused_stream`: `if peer.matches_fd(stream.id()) && ...`) runs
+//! `getpeername(-1)`, which fails, so `check_fd_match` answers false and every pooled
+//! connection is dropped; and every virtual stream is pooled under the same id `-1`. One send
+//! saved would cost a TCP connect per request.
+
+use std::io::{ErrorKind, IoSlice};
+
+use bytes::Bytes;
+use http::header;
+use pingora_core::protocols::http::v1::client::{http_req_header_to_wire, HttpSession as H1};
+use pingora_core::protocols::Stream;
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_error::{Error, ErrorType, OrErr, Result};
+use pingora_http::RequestHeader;
+use tokio::io::AsyncWriteExt;
+
+/// The largest body sent with its head in one write; a larger one goes as Pingora sends it.
+pub const COALESCE_LIMIT: usize = 64 * 1024;
+
+/// Whether `request` with `body` can leave in one write with nothing a fresh session would
+/// miss: a Content-Length that is the body's, no chunking, no upgrade, not `HEAD`, and no
+/// `Connection` header (whose `close` the session would have to remember).
+pub fn coalescable(request: &RequestHeader, body: &[u8]) -> bool {
+    let headers = &request.headers;
+    if body.len() > COALESCE_LIMIT
+        || request.method == http::Method::HEAD
+        || request.version != http::Version::HTTP_11
+        || headers.contains_key(header::TRANSFER_ENCODING)
+        || headers.contains_key(header::UPGRADE)
+        || headers.contains_key(header::CONNECTION)
+    {
+        return false;
+    }
+    let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
+    match (lengths.next(), lengths.next()) {
+        (None, None) => body.is_empty(),
+        (Some(v), None) => {
+            v.to_str().ok().and_then(|s| s.parse::<usize>().ok()) == Some(body.len())
+        }
+        _ => false,
+    }
+}
+
+/// Write `request` and its whole `body` on `session`'s stream in one write (bounded per write
+/// by the peer's write timeout, as Pingora bounds it) and return the session to read the
+/// response from. The caller has checked [`coalescable`].
+pub async fn send_whole(
+    session: H1,
+    peer: &HttpPeer,
+    request: &RequestHeader,
+    body: &Bytes,
+) -> Result<H1> {
+    let head = http_req_header_to_wire(request).ok_or_else(|| {
+        Error::explain(
+            ErrorType::InvalidHTTPHeader,
+            "request-line contains forbidden delimiter bytes",
+        )
+    })?;
+    let mut stream = session.into_inner();
+    let write = write_both(&mut stream, &head, body);
+    match peer.options.write_timeout {
+        Some(t) => match tokio::time::timeout(t, write).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::Error::from(ErrorKind::TimedOut)),
+        },
+        None => write.await,
+    }
+    .map_err(|e| match e.kind() {
+        ErrorKind::TimedOut => Error::because(
+            ErrorType::WriteTimedout,
+            "while writing request (timeout)",
+            e,
+        ),
+        _ => Error::because(ErrorType::WriteError, "while writing request", e),
+    })?;
+    stream
+        .flush()
+        .await
+        .or_err(ErrorType::WriteError, "flushing request")?;
+    let mut session = H1::new_with_options(stream, peer);
+    session.read_timeout = peer.options.read_timeout;
+    session.write_timeout = peer.options.write_timeout;
+    Ok(session)
+}
+
+/// `head` then `body`, one `writev` when the stream takes vectored writes (TCP does), else
+/// one copied buffer; a short write continues where it stopped.
+async fn write_both(stream: &mut Stream, head: &[u8], body: &[u8]) -> std::io::Result<()> {
+    if body.is_empty() {
+        return stream.write_all(head).await;
+    }
+    if !stream.is_write_vectored() {
+        // TLS: one record instead of two; the copy is the body's, at most COALESCE_LIMIT.
+        let mut whole = Vec::with_capacity(head.len() + body.len());
+        whole.extend_from_slice(head);
+        whole.extend_from_slice(body);
+        return stream.write_all(&whole).await;
+    }
+    let (mut head, mut body) = (head, body);
+    while !head.is_empty() {
+        let n = stream
+            .write_vectored(&[IoSlice::new(head), IoSlice::new(body)])
+            .await?;
+        if n == 0 {
+            return Err(ErrorKind::WriteZero.into());
+        }
+        let from_head = n.min(head.len());
+        head = &head[from_head..];
+        body = &body[n - from_head..];
+    }
+    stream.write_all(body).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn post(len: Option<&str>) -> RequestHeader {
+        let mut r = RequestHeader::build("POST", b"/v1/chat/completions", None).expect("build");
+        if let Some(l) = len {
+            r.insert_header(header::CONTENT_LENGTH, l).expect("header");
+        }
+        r
+    }
+
+    #[test]
+    fn known_lengths_coalesce_and_the_rest_do_not() {
+        assert!(coalescable(&post(Some("3")), b"abc"));
+        assert!(coalescable(&post(None), b""));
+        assert!(!coalescable(&post(Some("4")), b"abc"));
+        assert!(!coalescable(&post(None), b"abc"));
+        assert!(!coalescable(
+            &post(Some("70000")),
+            &vec![b'x'; COALESCE_LIMIT + 1]
+        ));
+        let mut chunked = post(None);
+        chunked
+            .insert_header(header::TRANSFER_ENCODING, "chunked")
+            .expect("header");
+        assert!(!coalescable(&chunked, b"abc"));
+        let mut close = post(Some("3"));
+        close
+            .insert_header(header::CONNECTION, "close")
+            .expect("header");
+        assert!(!coalescable(&close, b"abc"));
+    }
+}

@@ -584,14 +584,7 @@ async fn chains_take_switches_and_backfill_and_presets_only_reorder() {
     );
     let (_, v) = admin(&gw, Method::GET, "/admin/chains/pick", Some(READ), None).await;
     assert_eq!(v, serde_json::json!(["mb"]));
-    let models: serde_json::Value = client()
-        .get(gw.url("/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models: serde_json::Value = get_json(&gw, "/v1/models").await;
     let ids = models.to_string();
     assert!(
         ids.contains("\"auto:team\"") && ids.contains("\"auto:pick\""),

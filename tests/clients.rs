@@ -96,28 +96,6 @@ async fn run(cmd: Command) -> Output {
 // ---------------------------------------------------------------------------------------------
 // The gateway and its two deployments
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    OpenAi,
-    Anthropic,
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::OpenAi => "openai",
-            Kind::Anthropic => "anthropic",
-        }
-    }
-
-    fn other(self) -> Kind {
-        match self {
-            Kind::OpenAi => Kind::Anthropic,
-            Kind::Anthropic => Kind::OpenAi,
-        }
-    }
-}
-
 /// How the first deployment fails.
 #[derive(Clone, Copy, Debug)]
 enum First {

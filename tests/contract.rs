@@ -141,14 +141,7 @@ async fn models_list_names_what_callers_may_send() {
     let a = mock("a").await;
     let b = mock("b").await;
     let gw = start(&a, &b);
-    let v: serde_json::Value = client()
-        .get(gw.url("/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: serde_json::Value = get_json(&gw, "/v1/models").await;
     let ids: Vec<&str> = v["data"]
         .as_array()
         .unwrap()

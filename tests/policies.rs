@@ -527,14 +527,7 @@ async fn routing_off_turns_policy_names_into_unknown_models() {
         header(&post_chat(&gw, &chat("mc")).await, "x-llm-provider"),
         "c"
     );
-    let models: serde_json::Value = client()
-        .get(gw.url("/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models: serde_json::Value = get_json(&gw, "/v1/models").await;
     let ids: Vec<&str> = models["data"]
         .as_array()
         .unwrap()

@@ -387,14 +387,7 @@ async fn glob_aliases_map_a_clients_own_model_names_and_exact_names_win() {
     let r = post_chat(&gw, &chat("claude-sonnet-4")).await;
     expect_error(r, 400, "model_not_found").await;
 
-    let v: serde_json::Value = client()
-        .get(gw.url("/v1/models/claude-opus-4-8"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: serde_json::Value = get_json(&gw, "/v1/models/claude-opus-4-8").await;
     assert_eq!(v["id"], "claude-opus-4-8", "{v}");
 }
 

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
-use signalbox_mock::{Behaviour, Endpoint, MockHandle};
+use signalbox_mock::{Behaviour, MockHandle};
 
 /// The model name the SDKs send; each deployment's upstream name differs from it.
 const MODEL: &str = "m";
@@ -212,37 +212,6 @@ async fn call(sdk: Sdk, gw: &Gateway, mode: Mode) -> Seen {
 
 // ---------------------------------------------------------------------------------------------
 // Providers and configs
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    OpenAi,
-    Anthropic,
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::OpenAi => "openai",
-            Kind::Anthropic => "anthropic",
-        }
-    }
-
-    /// The mock endpoint a provider of this kind is called on.
-    fn endpoint(self) -> Endpoint {
-        match self {
-            Kind::OpenAi => Endpoint::ChatCompletions,
-            Kind::Anthropic => Endpoint::Messages,
-        }
-    }
-
-    /// How the mock names its tool calls in this dialect (ids pass through the gateway).
-    fn tool_id_prefix(self) -> &'static str {
-        match self {
-            Kind::OpenAi => "call_mock_",
-            Kind::Anthropic => "toolu_mock_",
-        }
-    }
-}
 
 /// A target of model `MODEL`: provider `id` of `kind` on a mock, upstream model `up-<id>`.
 type Target<'a> = (&'a str, Kind, &'a MockHandle);

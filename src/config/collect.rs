@@ -223,7 +223,7 @@ fn order_key(steps: &[Step]) -> Vec<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::parse;
+    use super::super::tests::errors;
 
     const MINIMAL: &str = r#"
 providers:
@@ -232,13 +232,6 @@ providers:
 models:
   m: { deployments: [{ provider: a, model: up-m }, { provider: b, model: up-n }] }
 "#;
-
-    fn errors(text: &str) -> Vec<String> {
-        match parse(text) {
-            Ok(_) => Vec::new(),
-            Err(e) => e.0.iter().map(ToString::to_string).collect(),
-        }
-    }
 
     #[test]
     fn one_bad_section_does_not_hide_another() {

@@ -229,7 +229,8 @@ models:
   m: { deployments: [{ provider: a, model: up-m }] }
 "#;
 
-    fn errors(text: &str) -> Vec<String> {
+    /// Every error `parse` reports, as text (shared with the other config modules' tests).
+    pub(super) fn errors(text: &str) -> Vec<String> {
         match parse(text) {
             Ok(_) => Vec::new(),
             Err(e) => e.0.iter().map(ToString::to_string).collect(),

@@ -68,35 +68,9 @@ pub async fn serve(
     shared: Option<&SharedAdmission>,
 ) -> pingora_error::Result<bool> {
     loop {
-        let prepared = {
-            let RequestCtx {
-                snapshot,
-                admitted,
-                surface,
-                ..
-            } = &mut *ctx;
-            let a = admitted
-                .as_mut()
-                .ok_or_else(|| Error::explain(ErrorType::InternalError, "no plan"))?;
-            attempt::prepare_body(snapshot, *surface, a)
-        };
-        if let Err(unexpressible) = prepared {
-            // This target's dialect cannot carry the request: the next one may (the target,
-            // and a probe slot it held, are given up without a call).
-            if let Some(err) = skip_unexpressible(ctx, unexpressible) {
-                respond::write_error(session, ctx, err).await?;
-                return Ok(true);
-            }
-            continue;
-        }
-        match admission::admit_next(ctx, shared).await {
-            Admission::Ready => {}
-            // Another target: its body may differ.
-            Admission::Moved => continue,
-            Admission::Refused(err) => {
-                respond::write_error(session, ctx, err).await?;
-                return Ok(true);
-            }
+        if let Err(err) = ready_next(ctx, shared).await {
+            respond::write_error(session, ctx, err).await?;
+            return Ok(true);
         }
         let delay = ctx
             .admitted
@@ -124,6 +98,46 @@ pub async fn serve(
                 respond::write_error(session, ctx, err).await?;
                 return Ok(true);
             }
+        }
+    }
+}
+
+/// Make the next target ready to call: its body prepared in its dialect and its admission
+/// granted, moving on past targets that cannot express the request or are full in the
+/// shared store. `Err` with the caller's answer when no target is left.
+pub(super) async fn ready_next(
+    ctx: &mut RequestCtx,
+    shared: Option<&SharedAdmission>,
+) -> Result<(), GatewayError> {
+    loop {
+        let prepared = {
+            let RequestCtx {
+                snapshot,
+                admitted,
+                surface,
+                ..
+            } = &mut *ctx;
+            let Some(a) = admitted.as_mut() else {
+                return Err(GatewayError::new(
+                    ErrorCode::Internal,
+                    "the gateway could not handle the request",
+                ));
+            };
+            attempt::prepare_body(snapshot, *surface, a)
+        };
+        if let Err(unexpressible) = prepared {
+            // This target's dialect cannot carry the request: the next one may (the target,
+            // and a probe slot it held, are given up without a call).
+            match skip_unexpressible(ctx, unexpressible) {
+                Some(err) => return Err(err),
+                None => continue,
+            }
+        }
+        match admission::admit_next(ctx, shared).await {
+            Admission::Ready => return Ok(()),
+            // Another target: its body may differ.
+            Admission::Moved => continue,
+            Admission::Refused(err) => return Err(err),
         }
     }
 }

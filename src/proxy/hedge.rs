@@ -31,7 +31,6 @@ use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::Session;
 use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 
-use super::admission::{self, Admission};
 use super::ctx::{HedgeRun, Lane, RequestCtx};
 use super::driven::{self, Ahead, Drive, SendError};
 use super::settle::{self, Step};
@@ -582,29 +581,8 @@ async fn begin_hedge<'c>(
             planning::next_target(&mut a.plan, &env, &snapshot.health, Advance::NextDeployment);
         a.attempts.next.as_ref()?;
     }
-    loop {
-        let prepared = {
-            let RequestCtx {
-                snapshot,
-                admitted,
-                surface,
-                ..
-            } = &mut *ctx;
-            let a = admitted.as_mut()?;
-            attempt::prepare_body(snapshot, *surface, a)
-        };
-        if let Err(unexpressible) = prepared {
-            driven::skip_unexpressible(ctx, unexpressible)
-                .is_none()
-                .then_some(())?;
-            continue;
-        }
-        match admission::admit_next(ctx, shared).await {
-            Admission::Ready => break,
-            Admission::Moved => continue,
-            Admission::Refused(_) => return None,
-        }
-    }
+    // No target the request can reach: no hedge (the first attempt goes on alone).
+    driven::ready_next(ctx, shared).await.ok()?;
     let peer = {
         let RequestCtx {
             snapshot, admitted, ..

@@ -699,3 +699,56 @@ pub fn sha256_hex(b: &[u8]) -> String {
     let d = sha2::Sha256::digest(b);
     d.iter().map(|x| format!("{x:02x}")).collect()
 }
+
+/// A provider kind as the tests configure it, with what the mock does for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    OpenAi,
+    Anthropic,
+}
+
+impl Kind {
+    /// Its `kind:` in a config.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::OpenAi => "openai",
+            Kind::Anthropic => "anthropic",
+        }
+    }
+
+    /// The other dialect.
+    pub fn other(self) -> Kind {
+        match self {
+            Kind::OpenAi => Kind::Anthropic,
+            Kind::Anthropic => Kind::OpenAi,
+        }
+    }
+
+    /// The mock endpoint a provider of this kind is called on.
+    pub fn endpoint(self) -> signalbox_mock::Endpoint {
+        match self {
+            Kind::OpenAi => signalbox_mock::Endpoint::ChatCompletions,
+            Kind::Anthropic => signalbox_mock::Endpoint::Messages,
+        }
+    }
+
+    /// How the mock names its tool calls in this dialect (ids pass through the gateway).
+    pub fn tool_id_prefix(self) -> &'static str {
+        match self {
+            Kind::OpenAi => "call_mock_",
+            Kind::Anthropic => "toolu_mock_",
+        }
+    }
+}
+
+/// A GET's JSON answer (`/v1/models`, ...).
+pub async fn get_json(gw: &Gateway, path: &str) -> serde_json::Value {
+    client()
+        .get(gw.url(path))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}

@@ -127,6 +127,7 @@ fn build<'a>(endpoint: Endpoint, cx: Ctx<'a>) -> Box<dyn Surface + Send + 'a> {
         Endpoint::Responses => Box::new(surface::Responses::new(cx)),
         Endpoint::Messages => Box::new(surface::Messages::new(cx)),
         Endpoint::CountTokens => Box::new(surface::CountTokens::new(cx)),
+        Endpoint::Moderations => Box::new(surface::Moderations::new(cx)),
     }
 }
 

@@ -17,6 +17,7 @@
 //! | `POST .../responses` | [`Endpoint::Responses`] | OpenAI |
 //! | `POST .../messages` | [`Endpoint::Messages`] | Anthropic |
 //! | `POST .../messages/count_tokens` | [`Endpoint::CountTokens`] | Anthropic |
+//! | `POST .../moderations` | [`Endpoint::Moderations`] | OpenAI |
 //!
 //! Every provider call answers according to the next scripted [`Behaviour`] (FIFO, optionally
 //! scoped to one endpoint) or, when none applies, the default behaviour. Behaviours are
@@ -48,6 +49,12 @@
 //!   `signature_delta`) comes first; with tools the answer is a `tool_use` block (`toolu_mock_N`,
 //!   `input_json_delta` pieces), stop reason `tool_use`.
 //! - **Count tokens**: `{"input_tokens": N}`; never streamed.
+//! - **Moderations**: OpenAI's shape, `{"id","model","results":[{"flagged","categories",
+//!   "category_scores"}]}` with one result per input (a string or a list of strings);
+//!   flagged when the input contains, in any letter case, [`FLAG_WORD`] or one of
+//!   [`MockConfig::flag_words`] (then category `harassment` is true and scores 0.99; every
+//!   other category false, 0.0). Never streamed; scriptable like every endpoint (a status, a
+//!   hang, a slow header).
 //! - `GET .../models`: a fixed one-model list, in Anthropic's shape when the request carries
 //!   `anthropic-version`, OpenAI's otherwise; never scripted, counted apart.
 //!
@@ -84,6 +91,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+/// The word that makes a moderation input flagged on every mock (any letter case).
+pub const FLAG_WORD: &str = "mock-flagged";
+
 /// Configuration of one mock provider.
 #[derive(Clone, Debug)]
 pub struct MockConfig {
@@ -112,6 +122,9 @@ pub struct MockConfig {
     /// Header fields added to every response (a provider's `x-ratelimit-*`, say). Names and
     /// values holding CR or LF are left out.
     pub response_headers: Vec<(String, String)>,
+    /// Words (besides [`FLAG_WORD`]) that make a moderation input flagged, matched in any
+    /// letter case.
+    pub flag_words: Vec<String>,
 }
 
 impl Default for MockConfig {
@@ -126,6 +139,7 @@ impl Default for MockConfig {
             echo_model: None,
             api_key: None,
             response_headers: Vec::new(),
+            flag_words: Vec::new(),
         }
     }
 }
@@ -397,17 +411,20 @@ pub enum Endpoint {
     Messages,
     /// `POST .../messages/count_tokens` (Anthropic).
     CountTokens,
+    /// `POST .../moderations` (OpenAI).
+    Moderations,
 }
 
 impl Endpoint {
     /// Every endpoint, in a fixed order.
-    pub const ALL: [Endpoint; 6] = [
+    pub const ALL: [Endpoint; 7] = [
         Endpoint::ChatCompletions,
         Endpoint::Completions,
         Endpoint::Embeddings,
         Endpoint::Responses,
         Endpoint::Messages,
         Endpoint::CountTokens,
+        Endpoint::Moderations,
     ];
 
     /// The API dialect this endpoint speaks.
@@ -427,6 +444,7 @@ impl Endpoint {
             Endpoint::Responses => "responses",
             Endpoint::Messages => "messages",
             Endpoint::CountTokens => "count_tokens",
+            Endpoint::Moderations => "moderations",
         }
     }
 
@@ -619,6 +637,8 @@ struct Shared {
     /// `echo_model` unescaped, for answers built with serde.
     echo_model_raw: Option<String>,
     api_key: Option<String>,
+    /// Lower-cased: [`FLAG_WORD`] and the configured flag words.
+    flag_words: Vec<String>,
     config_default: Behaviour,
     /// The current default; connections cache it and re-read it when `default_gen` changes.
     default: Mutex<Arc<Behaviour>>,
@@ -662,6 +682,10 @@ impl Shared {
             echo_model_raw: config.echo_model.as_deref().map(unescape_json),
             echo_model: config.echo_model.map(String::into_bytes),
             api_key: config.api_key,
+            flag_words: std::iter::once(FLAG_WORD.to_string())
+                .chain(config.flag_words.iter().map(|w| w.to_lowercase()))
+                .filter(|w| !w.is_empty())
+                .collect(),
             default: Mutex::new(Arc::new(config.default_behaviour.clone())),
             config_default: config.default_behaviour,
             default_gen: AtomicU64::new(0),

@@ -75,6 +75,10 @@ struct Args {
     /// KEY` on Anthropic ones (without it, Anthropic endpoints accept any non-empty x-api-key).
     #[arg(long, value_name = "KEY")]
     api_key: Option<String>,
+
+    /// A word that makes a moderation input flagged (repeatable; `mock-flagged` always does).
+    #[arg(long = "flag-word", value_name = "WORD")]
+    flag_words: Vec<String>,
 }
 
 fn parse_behaviour(s: &str) -> Result<Behaviour, String> {
@@ -148,6 +152,7 @@ async fn run(args: Args) -> std::io::Result<()> {
             .filter_map(|h| h.split_once(':'))
             .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
             .collect(),
+        flag_words: args.flag_words.clone(),
     };
     // Install the signal handlers before announcing anything: a script may signal as soon as it
     // reads the first "listening" line.

@@ -178,3 +178,28 @@ fn last_turn_is_a_tool_result(req: &SecondPass) -> bool {
         .and_then(Value::as_str)
         == Some("function_call_output")
 }
+
+/// Whether each moderation input (`input`: a string, or a list of strings) contains one of
+/// `words` (lower-cased), in any letter case; one entry per input.
+pub(super) fn moderation_flags(body: &[u8], words: &[String]) -> Vec<bool> {
+    #[derive(Deserialize)]
+    struct Moderation {
+        #[serde(default)]
+        input: Option<Value>,
+    }
+    let flags = |text: &str| {
+        let text = text.to_lowercase();
+        words.iter().any(|w| text.contains(w.as_str()))
+    };
+    match serde_json::from_slice::<Moderation>(body)
+        .ok()
+        .and_then(|m| m.input)
+    {
+        Some(Value::String(s)) => vec![flags(&s)],
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|i| i.as_str().is_some_and(flags))
+            .collect(),
+        _ => vec![false],
+    }
+}

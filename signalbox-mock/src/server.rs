@@ -162,6 +162,7 @@ fn route(method: &[u8], path: &[u8]) -> Route {
         p if p.ends_with(b"/completions") => (false, Route::Provider(Endpoint::Completions)),
         p if p.ends_with(b"/embeddings") => (false, Route::Provider(Endpoint::Embeddings)),
         p if p.ends_with(b"/responses") => (false, Route::Provider(Endpoint::Responses)),
+        p if p.ends_with(b"/moderations") => (false, Route::Provider(Endpoint::Moderations)),
         p if p.ends_with(b"/messages/count_tokens") => {
             (false, Route::Provider(Endpoint::CountTokens))
         }
@@ -656,6 +657,10 @@ impl Conn {
             tool: facts.tool.as_deref(),
             thinking: facts.thinking,
             inputs: facts.inputs,
+            flagged: match endpoint {
+                Endpoint::Moderations => crate::request::moderation_flags(body, &sh.flag_words),
+                _ => Vec::new(),
+            },
         };
         behave::act(io, &mut self.w, &call, cx, behaviour).await
     }

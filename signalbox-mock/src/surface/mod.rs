@@ -13,7 +13,7 @@ mod anthropic;
 mod openai;
 
 pub(super) use anthropic::{CountTokens, Messages};
-pub(super) use openai::{Chat, Completions, Embeddings, Responses};
+pub(super) use openai::{Chat, Completions, Embeddings, Moderations, Responses};
 
 use serde_json::{json, Value};
 
@@ -47,6 +47,8 @@ pub(super) struct Ctx<'a> {
     pub(super) thinking: bool,
     /// Embeddings: how many vectors.
     pub(super) inputs: usize,
+    /// Moderations: whether each input is flagged, in order.
+    pub(super) flagged: Vec<bool>,
 }
 
 impl Ctx<'_> {

@@ -324,6 +324,78 @@ impl Surface for Embeddings<'_> {
     fn empty(&mut self, _: &mut Frames<'_>) {}
 }
 
+// === Moderations ===
+
+/// The categories of every moderation result (OpenAI's names).
+const MODERATION_CATEGORIES: [&str; 6] = [
+    "harassment",
+    "hate",
+    "self-harm",
+    "sexual",
+    "violence",
+    "illicit",
+];
+
+/// `POST .../moderations`: one result per input; never streamed.
+pub(crate) struct Moderations<'a> {
+    cx: Ctx<'a>,
+}
+
+impl<'a> Moderations<'a> {
+    pub(crate) fn new(cx: Ctx<'a>) -> Moderations<'a> {
+        Moderations { cx }
+    }
+
+    fn answer(&self, flagged: &[bool]) -> Value {
+        let results: Vec<Value> = flagged
+            .iter()
+            .map(|&f| {
+                let categories: serde_json::Map<String, Value> = MODERATION_CATEGORIES
+                    .iter()
+                    .map(|c| ((*c).to_string(), Value::Bool(f && *c == "harassment")))
+                    .collect();
+                let scores: serde_json::Map<String, Value> = MODERATION_CATEGORIES
+                    .iter()
+                    .map(|c| {
+                        let score = if f && *c == "harassment" { 0.99 } else { 0.0 };
+                        ((*c).to_string(), json!(score))
+                    })
+                    .collect();
+                json!({"flagged": f, "categories": categories, "category_scores": scores})
+            })
+            .collect();
+        json!({"id": format!("modr_mock_{}", self.cx.n), "model": self.cx.model, "results": results})
+    }
+}
+
+impl Surface for Moderations<'_> {
+    fn dialect(&self) -> Dialect {
+        Dialect::OpenAi
+    }
+
+    fn streams(&self) -> bool {
+        false
+    }
+
+    fn json(&mut self, out: &mut Vec<u8>) {
+        push_json(out, &self.answer(&self.cx.flagged));
+    }
+
+    fn json_empty(&mut self, out: &mut Vec<u8>) {
+        push_json(out, &self.answer(&[]));
+    }
+
+    // Never streamed (`streams` is false): no events.
+    fn start(&mut self, _: &mut Frames<'_>, _: bool) {}
+    fn contents(&self) -> usize {
+        0
+    }
+    fn content(&mut self, _: &mut Frames<'_>, _: usize) {}
+    fn finish(&mut self, _: &mut Frames<'_>) {}
+    fn error(&mut self, _: &mut Frames<'_>, _: Option<&str>) {}
+    fn empty(&mut self, _: &mut Frames<'_>) {}
+}
+
 // === Responses ===
 
 /// `POST .../responses`: one output item, a `message` or a `function_call`; every SSE event

@@ -1022,6 +1022,7 @@ fn body_for(endpoint: Endpoint, stream: bool, extra: Value) -> String {
         Endpoint::CountTokens => {
             serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
         }
+        Endpoint::Moderations => serde_json::json!({"model": "m", "input": "hi"}),
     };
     merged(base, extra)
 }
@@ -1034,6 +1035,7 @@ fn path_of(endpoint: Endpoint) -> &'static str {
         Endpoint::Responses => "/v1/responses",
         Endpoint::Messages => "/v1/messages",
         Endpoint::CountTokens => "/v1/messages/count_tokens",
+        Endpoint::Moderations => "/v1/moderations",
     }
 }
 

@@ -660,6 +660,43 @@ async fn legacy_completions_json_and_sse() {
 }
 
 #[tokio::test]
+async fn moderations_flag_the_marker_and_configured_words_per_input() {
+    let h = start(MockConfig {
+        flag_words: vec!["Forbidden".to_string()],
+        ..MockConfig::default()
+    })
+    .await;
+    let mut c = Client::connect(&h).await;
+    for (input, flagged) in [
+        (json!("a harmless question"), vec![false]),
+        (json!("this is MOCK-FLAGGED text"), vec![true]),
+        (json!(["fine", "a forbidden word"]), vec![false, true]),
+    ] {
+        let body = body_for(
+            Endpoint::Moderations,
+            false,
+            json!({"input": input, "model": "omni-moderation-latest"}),
+        );
+        let v = c
+            .request(&request_to(Endpoint::Moderations, &body))
+            .await
+            .json();
+        assert_eq!(v["model"], "omni-moderation-latest");
+        assert!(v["id"].as_str().unwrap().starts_with("modr_mock_"));
+        let results = v["results"].as_array().unwrap();
+        let got: Vec<bool> = results.iter().map(|r| r["flagged"] == true).collect();
+        assert_eq!(got, flagged, "{input}");
+        for r in results {
+            let f = r["flagged"] == true;
+            assert_eq!(r["categories"]["harassment"], f);
+            assert_eq!(r["categories"]["hate"], false);
+            assert!(r["category_scores"]["violence"].is_number());
+        }
+    }
+    assert_eq!(h.calls_to(Endpoint::Moderations), 3);
+}
+
+#[tokio::test]
 async fn embeddings_one_vector_per_input() {
     let h = start_default().await;
     let mut c = Client::connect(&h).await;
@@ -914,7 +951,7 @@ async fn scripts_scoped_to_an_endpoint_and_counts_per_endpoint() {
     assert_eq!(stats["calls"], 6);
     assert_eq!(
         stats["calls_by_endpoint"],
-        json!({"chat_completions": 2, "completions": 0, "embeddings": 0, "responses": 0, "messages": 3, "count_tokens": 1})
+        json!({"chat_completions": 2, "completions": 0, "embeddings": 0, "responses": 0, "messages": 3, "count_tokens": 1, "moderations": 0})
     );
     assert_eq!(stats["requests"][2]["endpoint"], "messages");
     assert!(stats["requests"][2].get("body").is_none());

@@ -69,6 +69,16 @@ pub enum ErrorCode {
     UpstreamError,
     UpstreamTimeout,
     Internal,
+    /// A blocking guardrail flagged the request's input (DESIGN §10).
+    GuardrailBlocked,
+    /// A blocking guardrail could not run (`on_unavailable: block`).
+    GuardrailUnavailable,
+    /// `x-llm-guardrails` names no configured profile, or a mode other than `block`/`monitor`.
+    GuardrailNotFound,
+    /// A recommendation request without a non-empty `candidates` list.
+    CandidatesRequired,
+    /// A recommendation request without a `task`.
+    TaskRequired,
 }
 
 impl ErrorCode {
@@ -101,6 +111,11 @@ impl ErrorCode {
             ErrorCode::UpstreamError => "upstream_error",
             ErrorCode::UpstreamTimeout => "upstream_timeout",
             ErrorCode::Internal => "internal_error",
+            ErrorCode::GuardrailBlocked => "guardrail_blocked",
+            ErrorCode::GuardrailUnavailable => "guardrail_unavailable",
+            ErrorCode::GuardrailNotFound => "guardrail_not_found",
+            ErrorCode::CandidatesRequired => "candidates_required",
+            ErrorCode::TaskRequired => "task_required",
         }
     }
 
@@ -113,7 +128,11 @@ impl ErrorCode {
             | ErrorCode::ContextLengthExceeded
             | ErrorCode::UnsupportedParameter
             | ErrorCode::EndpointNotSupported
-            | ErrorCode::InvalidHttp => 400,
+            | ErrorCode::InvalidHttp
+            | ErrorCode::GuardrailBlocked
+            | ErrorCode::GuardrailNotFound
+            | ErrorCode::CandidatesRequired
+            | ErrorCode::TaskRequired => 400,
             ErrorCode::InvalidApiKey => 401,
             ErrorCode::ModelNotAllowed => 403,
             ErrorCode::NotFound => 404,
@@ -125,7 +144,7 @@ impl ErrorCode {
             ErrorCode::RateLimited | ErrorCode::BudgetExceeded => 429,
             ErrorCode::ProviderNotConfigured | ErrorCode::ProviderCredentialRejected => 424,
             ErrorCode::UpstreamModelNotFound | ErrorCode::UpstreamError => 502,
-            ErrorCode::NoProviderAvailable => 503,
+            ErrorCode::NoProviderAvailable | ErrorCode::GuardrailUnavailable => 503,
             ErrorCode::UpstreamTimeout => 504,
             ErrorCode::Internal => 500,
             ErrorCode::UnsupportedTransferCoding => 501,

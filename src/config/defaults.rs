@@ -48,6 +48,8 @@ pub const TRANSIENT_RETRIES: u32 = 0;
 /// `failover.transient_backoff` (and a policy's `retry.backoff`): the base of the jittered,
 /// doubling wait before a same-target retry.
 pub const TRANSIENT_BACKOFF: Duration = Duration::from_millis(100);
+/// How long a guardrail check may take (`guardrails.profiles.<name>.timeout`).
+pub const GUARDRAIL_TIMEOUT: Duration = Duration::from_secs(2);
 /// A policy's `retry.on_status`: the statuses that take its same-target retries (and
 /// connection drops).
 pub const RETRY_ON_STATUS: [u16; 4] = [502, 503, 504, 529];

@@ -73,6 +73,12 @@ pub struct ConfigFile {
     /// What `/metrics` exports beyond the bounded defaults.
     #[serde(default)]
     pub metrics: MetricsSection,
+    /// Input checks policies and callers may ask for (DESIGN §10).
+    #[serde(default)]
+    pub guardrails: Option<GuardrailsSection>,
+    /// `POST /v1/routing/recommend`: which catalog model decides.
+    #[serde(default)]
+    pub recommend: Option<RecommendSection>,
 }
 
 /// `ledger`: one row per attempt, written off the request path.
@@ -662,6 +668,9 @@ pub struct PolicySection {
     /// Hedged first token under this policy (absent: `failover.hedge`).
     #[serde(default)]
     pub hedge: Option<HedgeSection>,
+    /// Guardrail profiles every request under this policy runs (`guardrails.profiles`).
+    #[serde(default)]
+    pub guardrails: Vec<GuardrailUseSection>,
 }
 
 /// `policies.<name>.retry` (seed 003's routing retries): `attempts` extra calls to the same
@@ -1020,4 +1029,61 @@ pub fn default_state_key_prefix() -> String {
 }
 pub fn default_state_timeout() -> String {
     defaults::duration_text(defaults::STATE_TIMEOUT)
+}
+
+// === Guardrails and recommendations (DESIGN §10) ===
+
+/// `guardrails`: named input checks.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct GuardrailsSection {
+    #[serde(default)]
+    pub profiles: BTreeMap<String, GuardrailProfileSection>,
+}
+
+/// `guardrails.profiles.<name>`. Which keys a profile takes depends on its `kind`;
+/// validation checks the combination (so every misplaced key is reported at once).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuardrailProfileSection {
+    /// `patterns` | `moderation` | `classifier`.
+    pub kind: String,
+    /// `patterns`: regular expressions over the input text.
+    #[serde(default)]
+    pub patterns: Option<Vec<String>>,
+    /// `moderation`: the provider whose `/moderations` endpoint is asked.
+    #[serde(default)]
+    pub provider: Option<String>,
+    /// `moderation`: the moderation model; `classifier`: the catalog chat model asked.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// `classifier`: the system message the input is judged under.
+    #[serde(default)]
+    pub prompt: Option<String>,
+    /// `classifier`: the answer's start that flags the input.
+    #[serde(default)]
+    pub flag_on: Option<String>,
+    /// How long the check may take (absent: 2 s).
+    #[serde(default)]
+    pub timeout: Option<String>,
+}
+
+/// `policies.<name>.guardrails[n]`: a profile the policy mandates.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuardrailUseSection {
+    pub profile: String,
+    /// `block` | `monitor` (required: a policy says what a flag does).
+    pub mode: String,
+    /// `block` | `monitor` (absent: `block`).
+    #[serde(default)]
+    pub on_unavailable: Option<String>,
+}
+
+/// `recommend`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecommendSection {
+    /// The catalog chat model asked which candidate suits a task.
+    pub decision_model: String,
 }

@@ -57,6 +57,8 @@ pub struct Config {
     pub state: Option<StateConfig>,
     /// `metrics.per_key`: spend and tokens by client key id too.
     pub metrics_per_key: bool,
+    /// `guardrails` and `recommend` (DESIGN §10); `None` each when not configured.
+    pub checks: ChecksConfig,
 }
 
 /// Where the ledger lives.
@@ -652,4 +654,81 @@ pub enum RuleTarget {
     Axis(String),
     /// A policy name: an index into `Config::policies`.
     Policy(usize),
+}
+
+// === Guardrails and recommendations (DESIGN §10) ===
+
+/// The sections of §10 this config holds: input checks and the recommendation endpoint.
+#[derive(Debug, Default)]
+pub struct ChecksConfig {
+    /// `guardrails`; `None`: no profile is defined (no request pays for them).
+    pub guardrails: Option<GuardrailsConfig>,
+    /// `recommend`; `None`: `POST /v1/routing/recommend` is a 404.
+    pub recommend: Option<RecommendConfig>,
+}
+
+/// `guardrails`, checked: the profiles in name order, and what each policy mandates.
+#[derive(Debug)]
+pub struct GuardrailsConfig {
+    pub profiles: Vec<GuardrailProfile>,
+    /// By policy index (`Config::policies`): the profiles it mandates.
+    pub policies: Vec<Vec<GuardrailUse>>,
+}
+
+/// One profile (`guardrails.profiles.<name>`).
+#[derive(Debug)]
+pub struct GuardrailProfile {
+    pub name: String,
+    pub check: GuardrailCheck,
+    pub timeout: Duration,
+}
+
+/// What a profile checks, by kind.
+#[derive(Debug)]
+pub enum GuardrailCheck {
+    /// Flagged when any pattern matches the input text.
+    Patterns(Vec<regex::Regex>),
+    /// `POST <base_url>/moderations` of `provider` (an index into `Config::providers`).
+    Moderation { provider: usize, model: String },
+    /// A catalog chat model asked through the plan.
+    Classifier {
+        model: String,
+        prompt: String,
+        /// Lower-cased and trimmed.
+        flag_on: String,
+    },
+}
+
+/// What a flag (or an unavailable check) does to the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum GuardrailMode {
+    /// Served, the result reported in `x-llm-guardrails`.
+    Monitor,
+    /// Refused.
+    Block,
+}
+
+impl GuardrailMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GuardrailMode::Monitor => "monitor",
+            GuardrailMode::Block => "block",
+        }
+    }
+}
+
+/// A profile a policy (or a caller) asks for, and what its results do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuardrailUse {
+    /// An index into `GuardrailsConfig::profiles`.
+    pub profile: usize,
+    pub mode: GuardrailMode,
+    pub on_unavailable: GuardrailMode,
+}
+
+/// `recommend`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecommendConfig {
+    /// A catalog model's name.
+    pub decision_model: String,
 }

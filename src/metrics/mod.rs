@@ -25,6 +25,8 @@
 //!   connection closed without one). Not requests: they are never in `requests_total`.
 //! - `hedges_total{outcome}`: hedged first tokens (DESIGN §5), by which attempt served:
 //!   `won` (the hedge), `lost` (the first attempt, or neither).
+//! - `guardrail_checks_total{profile, result}`: guardrail checks run (DESIGN §10), by profile
+//!   (a config name) and result: `flagged`, `passed`, `unavailable`.
 //! - `rule_matches_total{rule}`: requests a conditional rule sent (`rule:<n>`).
 //! - `policy_selections_total{policy, entry}`: the `select` entry that held (`none`: no entry
 //!   held and the policy's `on_failure` models served).
@@ -341,6 +343,9 @@ pub struct Metrics {
     /// `hedges_total{outcome="won"}` and `{outcome="lost"}`, resolved once (lock-free).
     pub hedges_won: IntCounter,
     pub hedges_lost: IntCounter,
+    /// `profile` = a `guardrails.profiles` name, `result` = flagged | passed | unavailable.
+    /// Resolved per profile when a snapshot is built (`crate::guardrails`), counted lock-free.
+    pub guardrail_checks: IntCounterVec,
     /// Probe results, counted by the prober and exported with the health families.
     pub probes: Arc<crate::health::probe::ProbeCounters>,
 }
@@ -479,6 +484,14 @@ impl Metrics {
         let hedges_won = hedges.with_label_values(&["won"]);
         let hedges_lost = hedges.with_label_values(&["lost"]);
         registry.register(Box::new(hedges))?;
+        let guardrail_checks = IntCounterVec::new(
+            prometheus::Opts::new(
+                "signalbox_guardrail_checks_total",
+                "Guardrail checks run, by profile and result: flagged, passed or unavailable.",
+            ),
+            &["profile", "result"],
+        )?;
+        registry.register(Box::new(guardrail_checks.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -499,6 +512,7 @@ impl Metrics {
             http_refusals,
             hedges_won,
             hedges_lost,
+            guardrail_checks,
             probes: Arc::default(),
         })
     }

@@ -20,10 +20,12 @@
 //! - `server.rs`: `listen` and `pingora`, the server process;
 //! - `log.rs`: `log`, how signalbox writes its log;
 //! - `keys.rs`: `keys`, who may call, what each key may use and spend, and how it is routed;
-//! - `storage.rs`: `ledger`, `state` and `metrics`, where usage and shared counters live.
+//! - `storage.rs`: `ledger`, `state` and `metrics`, where usage and shared counters live;
+//! - `guardrails.rs`: `guardrails`, the profiles policies mandate, and `recommend`.
 
 mod admin;
 mod failover;
+mod guardrails;
 pub(crate) mod headers;
 mod health;
 mod keys;
@@ -88,6 +90,16 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
         policies::validate_policies(&file.policies, &models, &failover, &mut names, &mut errs);
     let rules = rules::validate_rule_set(&file.rules, &chains, &names, &mut errs);
     let glob_aliases = names::validate_glob_aliases(&file.aliases, &names, &mut errs);
+    let checks = super::types::ChecksConfig {
+        guardrails: guardrails::validate_guardrails(
+            file.guardrails.as_ref(),
+            &file.policies,
+            &providers.list,
+            &names,
+            &mut errs,
+        ),
+        recommend: guardrails::validate_recommend(file.recommend.as_ref(), &names, &mut errs),
+    };
 
     server::validate_pingora(&file.pingora, &mut errs);
     let health = health::validate_health(&file.health, &mut errs);
@@ -154,5 +166,6 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
         ledger,
         state,
         metrics_per_key: file.metrics.per_key,
+        checks,
     })
 }

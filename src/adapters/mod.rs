@@ -15,6 +15,7 @@
 //! - `caller`: the caller's request in its surface's dialect, and the body each attempt sends.
 //! - `relay`: a provider's answer on its way to the caller, same dialect or translated.
 //! - `stream`: what any dialect's response reports in common words (usage, stream signals).
+//! - `input`: the caller's own text in a request (user and system turns), for guardrails.
 
 pub mod anthropic;
 pub mod caller;
@@ -22,6 +23,7 @@ pub mod chat_messages;
 pub mod envelope;
 pub mod estimate;
 pub mod facts;
+pub mod input;
 pub mod json;
 pub mod openai;
 pub mod relay;

@@ -34,6 +34,9 @@
 //!   access (the caller's key), planning, the two attempt drivers (signalbox's own and
 //!   Pingora's proxy loop) and what they share (the request, the response, settling a
 //!   verdict), accounting.
+//! - [`guardrails`]: input checks (patterns, a provider's moderation, a classifier model) run
+//!   once before a request's first attempt; [`recommend`]: `POST /v1/routing/recommend`, a
+//!   decision model choosing among candidates.
 //! - [`ledger`]: one row per attempt on SQLite or PostgreSQL, written by a background thread
 //!   from a bounded queue, and the aggregates read back (admin usage, spend at start).
 //! - [`state`]: counters and cooldowns shared across replicas (Redis, or in process), synced
@@ -60,6 +63,7 @@ pub mod dns;
 pub mod edge;
 pub mod error;
 pub mod glob;
+pub mod guardrails;
 pub mod health;
 pub mod keys;
 pub mod ledger;
@@ -68,6 +72,7 @@ pub mod limits;
 pub mod metrics;
 pub mod periodic;
 pub mod proxy;
+pub mod recommend;
 pub mod reload;
 pub mod rfc3339;
 pub mod routing;

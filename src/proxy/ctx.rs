@@ -57,6 +57,8 @@ pub struct RequestCtx {
     /// Set once the request is admitted and planned.
     pub admitted: Option<Admitted>,
     pub downstream: Downstream,
+    /// `x-llm-guardrails` for the answer: what the request's guardrails found (`proxy::guard`).
+    pub guardrails: Option<HeaderValue>,
     /// An error signalbox answered itself.
     pub local_error: Option<GatewayError>,
     /// Counted in the in-flight gauge (released by `logging`).
@@ -351,6 +353,7 @@ impl RequestCtx {
             reserved_cost: None,
             admitted: None,
             downstream: Downstream::Pending,
+            guardrails: None,
             local_error: None,
             in_flight: false,
         }

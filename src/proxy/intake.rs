@@ -95,6 +95,11 @@ pub async fn admit(
         }
         return Ok(true);
     }
+    // The one path beside the model endpoints that signalbox answers itself (a length
+    // compare for every other request).
+    if session.req_header().uri.path() == crate::recommend::PATH {
+        return crate::recommend::serve(session, ctx, runtime).await;
+    }
     let admitted = match check_request_line(session, ctx, &snapshot) {
         Err(refusal) => Err(refusal),
         Ok(()) => match access::authenticate(ctx, &snapshot, &session.req_header().headers) {
@@ -130,6 +135,18 @@ pub async fn admit(
                 // are admitted once it has somewhere to go: a request nothing could serve
                 // consumes none of them.
                 None => match first_admission(ctx, shared).await {
+                    // Guardrails decide once, before either driver starts (one `Option`
+                    // check when none is configured).
+                    None if ctx.snapshot.guardrails.is_some() && !ctx.internal => {
+                        match super::guard::check(session, ctx, runtime, connector).await {
+                            Some(refusal) => refusal,
+                            None if driven => {
+                                return driven::serve(session, ctx, runtime, connector, shared)
+                                    .await
+                            }
+                            None => return Ok(false),
+                        }
+                    }
                     None if driven => {
                         return driven::serve(session, ctx, runtime, connector, shared).await
                     }

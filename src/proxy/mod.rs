@@ -9,7 +9,8 @@
 //!                                    answer); driven: what must be held until its commit
 //!                                    point (whole answers, held streams, translations, bodies
 //!                                    only signalbox can replay) is served here, attempt by
-//!                                    attempt, and Pingora only logs
+//!                                    attempt, and Pingora only logs; guard: guardrails,
+//!                                    once, between admission and the first attempt
 //! upstream_peer            fast      the next target as an HttpPeer (after its backoff)
 //! upstream_request_filter  attempt   per-target header rewrite: auth, host, path, length
 //! request_body_filter      attempt   Pingora replays its retry-buffer tail: swap in the body
@@ -41,6 +42,7 @@ pub mod ctx;
 pub mod driven;
 pub mod emit;
 pub mod fast;
+pub mod guard;
 pub mod headers;
 pub mod hedge;
 pub mod intake;

@@ -227,6 +227,9 @@ pub fn add_routing_headers(resp: &mut ResponseHeader, ctx: &RequestCtx, now: Ins
         if ctx.surface.dialect() == Dialect::Anthropic {
             headers.insert(names::REQUEST_ID, ctx.request_id.clone());
         }
+        if let Some(results) = &ctx.guardrails {
+            headers.insert(crate::guardrails::HEADER, results.clone());
+        }
         let snapshot = &*ctx.snapshot;
         let Some(a) = &ctx.admitted else {
             return;

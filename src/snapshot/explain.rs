@@ -9,7 +9,8 @@
 //! held and why, the weighted shares or the complexity tier), every candidate kept or skipped
 //! with its reason, and the order the attempts would take if each failed. Explained as a
 //! client key (`?key=<id>`), the key's own routing is applied as on the proxy and shown
-//! (`key_routing`: its fields, which of them this request left in force). `POST
+//! (`key_routing`: its fields, which of them this request left in force), and the guardrail
+//! profiles it would run with their modes (`guardrails`). `POST
 //! /admin/explain` returns it; `signalbox explain` prints it.
 
 use crate::catalog::surface::Surface;
@@ -164,7 +165,43 @@ pub fn explain<'a>(
         })).collect::<Vec<_>>(),
         "degraded": env.degraded,
         "hedge": hedge(&tables, &plan, &routed, &order),
+        "guardrails": guardrails(&tables, &routed, &request, header("x-llm-guardrails")),
     })
+}
+
+/// The guardrail profiles the request would run, in order, with their modes (the policy's
+/// and those its `x-llm-guardrails` adds); `[]` when none, the caller's refusal for a header
+/// naming an unknown profile.
+fn guardrails(
+    tables: &Snapshot,
+    routed: &decide::Routed,
+    request: &CallerRequest,
+    header: Option<&[u8]>,
+) -> Value {
+    let Some(g) = &tables.guardrails else {
+        return json!([]);
+    };
+    if matches!(request, CallerRequest::CountTokens(_)) {
+        return json!([]);
+    }
+    let policy = match routed.via {
+        Via::Policy { policy, .. } => Some(policy.get()),
+        _ => None,
+    };
+    match g.wanted(policy, header) {
+        Ok(wanted) => wanted
+            .iter()
+            .filter_map(|w| {
+                let p = g.profiles.get(w.profile)?;
+                Some(json!({
+                    "profile": &*p.name,
+                    "mode": w.mode.as_str(),
+                    "on_unavailable": w.on_unavailable.as_str(),
+                }))
+            })
+            .collect(),
+        Err(e) => error(&e),
+    }
 }
 
 /// When this route's hedge would start: its setting, the delay for the first candidate now
@@ -392,6 +429,15 @@ pub fn render_text(v: &Value) -> String {
             } else {
                 "not healthy now"
             }
+        );
+    }
+    for g in v["guardrails"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "guardrail: {} ({}, unavailable: {})",
+            g["profile"].as_str().unwrap_or("?"),
+            g["mode"].as_str().unwrap_or("?"),
+            g["on_unavailable"].as_str().unwrap_or("?"),
         );
     }
     let _ = writeln!(out, "candidates (ranked):");

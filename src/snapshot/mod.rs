@@ -51,6 +51,10 @@ pub struct Snapshot {
     /// the hedge allowance only then.
     pub hedging: bool,
     pub metrics: BoundMetrics,
+    /// `guardrails`, compiled; `None`: no profile defined (requests pay one check).
+    pub guardrails: Option<Arc<crate::guardrails::Guardrails>>,
+    /// `recommend`; `None`: `POST /v1/routing/recommend` is not served.
+    pub recommend: Option<crate::config::RecommendConfig>,
 }
 
 impl std::ops::Deref for Snapshot {
@@ -175,6 +179,19 @@ impl Snapshot {
             hedging: config.failover.hedge.is_some()
                 || config.policies.iter().any(|p| p.hedge.is_some()),
             metrics: metrics.bind(&labels),
+            guardrails: config.checks.guardrails.as_ref().map(|g| {
+                let paths: Vec<&str> = config
+                    .providers
+                    .iter()
+                    .map(|p| p.base_url.path.as_str())
+                    .collect();
+                Arc::new(crate::guardrails::Guardrails::build(
+                    g,
+                    &paths,
+                    &metrics.guardrail_checks,
+                ))
+            }),
+            recommend: config.checks.recommend.clone(),
         }
     }
 

@@ -143,6 +143,70 @@ rules:
 }
 
 #[test]
+fn test_flag_lists_every_guardrail_and_recommend_error_with_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("guardrails.yaml");
+    let long_regex = "a".repeat(1025);
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+providers:
+  a: {{ kind: openai, base_url: "http://127.0.0.1:9001/v1" }}
+  c: {{ kind: anthropic, base_url: "http://127.0.0.1:9002/v1" }}
+models:
+  m: {{ deployments: [{{ provider: a, model: up-m }}] }}
+guardrails:
+  profiles:
+    pats: {{ kind: patterns, patterns: ["(", "{long_regex}"], provider: a }}
+    mod: {{ kind: moderation, provider: c, model: omni-moderation-latest, timeout: soon }}
+    judge: {{ kind: classifier, model: nowhere, prompt: "safe or unsafe?" }}
+    Bad: {{ kind: vibes }}
+policies:
+  p:
+    select: [ {{ router: priority, targets: [ {{ model: m }} ] }} ]
+    guardrails: [ {{ profile: missing, mode: block }}, {{ profile: pats, mode: loud, on_unavailable: maybe }} ]
+recommend: {{ decision_model: nobody }}
+"#
+        ),
+    )
+    .unwrap();
+    let out = signalbox(&["-t", "-c", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for needle in [
+        "guardrails.profiles.pats.patterns[0]: not a valid regular expression",
+        "guardrails.profiles.pats.patterns[1]: the pattern is 1025 bytes",
+        "guardrails.profiles.pats.provider: a patterns profile does not take `provider`",
+        "guardrails.profiles.mod.provider: moderation asks OpenAI's /moderations endpoint",
+        "guardrails.profiles.mod.timeout: \"soon\" is not a duration",
+        "guardrails.profiles.judge.model: no model, alias or policy \"nowhere\"",
+        "guardrails.profiles.judge: a classifier profile needs `flag_on`",
+        "guardrails.profiles.Bad: a profile name takes lower-case letters",
+        "guardrails.profiles.Bad.kind: unknown kind \"vibes\"",
+        "policies.p.guardrails[0].profile: no guardrail profile \"missing\"",
+        "policies.p.guardrails[1].mode: \"loud\" is not a mode",
+        "policies.p.guardrails[1].on_unavailable: \"maybe\" is not a mode",
+        "recommend.decision_model: no model, alias or policy \"nobody\"",
+    ] {
+        assert!(err.contains(needle), "{needle} missing from:\n{err}");
+    }
+    // A policy entry without a mode is a parse error naming it.
+    std::fs::write(
+        &path,
+        "providers:\n  a: { kind: openai, base_url: \"http://127.0.0.1:9001/v1\" }\nmodels:\n  m: { deployments: [{ provider: a, model: up-m }] }\nguardrails: { profiles: { x: { kind: patterns, patterns: [a] } } }\npolicies:\n  p: { select: [ { router: priority, targets: [ { model: m } ] } ], guardrails: [ { profile: x } ] }\n",
+    )
+    .unwrap();
+    let out = signalbox(&["-t", "-c", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("policies.p.guardrails[0]") && err.contains("missing field `mode`"),
+        "{err}"
+    );
+}
+
+#[test]
 fn shipped_example_configs_are_valid() {
     for file in ["conf/signalbox.yaml", "conf/providers.example.yaml"] {
         let out = signalbox(&["-t", "-c", file]);

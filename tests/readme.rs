@@ -187,3 +187,39 @@ async fn the_readme_demo_is_true() {
         }
     }
 }
+
+/// The Guardrails section's example (profiles of every kind, a policy mandating two, a
+/// decision model) is a valid config with the demo's providers and models.
+#[test]
+fn the_readme_guardrails_example_is_valid() {
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    let section = readme.split("\n## Guardrails\n").nth(1).unwrap();
+    let yaml = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .unwrap();
+    assert!(yaml.contains("kind: patterns") && yaml.contains("kind: moderation"));
+    assert!(yaml.contains("kind: classifier") && yaml.contains("recommend:"));
+    let conf = std::fs::read_to_string("conf/signalbox.yaml").unwrap();
+    // The shipped config's policies and rules (which name them), guardrails and recommend
+    // replaced by the README's.
+    let policies = conf.find("\npolicies:").unwrap();
+    let bounds = conf.find("\n# Bounds on one request").unwrap();
+    let guardrails = conf.find("\n# Guardrails:").unwrap();
+    let text = format!("{}\n{yaml}{}", &conf[..policies], &conf[bounds..guardrails]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("readme-guardrails.yaml");
+    std::fs::write(&path, text).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_signalbox"))
+        .args(["-t", "-c", path.to_str().unwrap()])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -110,6 +110,25 @@ async fn patterns_block_on_both_drivers_without_an_upstream_call() {
         )
         .await;
     }
+    // The Responses API's `input` and a completion's `prompt` are the caller's text too.
+    for (path, body) in [
+        (
+            "/v1/responses",
+            serde_json::json!({"model": "g", "input": SECRET}),
+        ),
+        (
+            "/v1/completions",
+            serde_json::json!({"model": "g", "prompt": [CLEAN, SECRET]}),
+        ),
+    ] {
+        let r = client()
+            .post(w.gw.url(path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        expect_blocked(r, "no-secrets").await;
+    }
     assert_eq!(w.up.calls(), 0, "a blocked request calls no provider");
     for stream in [false, true] {
         let r = send(&w.gw, &ask("g", CLEAN, stream), None).await;
@@ -120,12 +139,12 @@ async fn patterns_block_on_both_drivers_without_an_upstream_call() {
     assert_eq!(w.up.calls(), 2);
     let m =
         w.gw.metrics_with(&[
-            "signalbox_guardrail_checks_total{profile=\"no-secrets\",result=\"flagged\"} 2",
+            "signalbox_guardrail_checks_total{profile=\"no-secrets\",result=\"flagged\"} 4",
             "signalbox_guardrail_checks_total{profile=\"no-secrets\",result=\"passed\"} 2",
         ])
         .await;
     assert!(
-        m.contains("signalbox_guardrail_checks_total{profile=\"no-secrets\",result=\"flagged\"} 2"),
+        m.contains("signalbox_guardrail_checks_total{profile=\"no-secrets\",result=\"flagged\"} 4"),
         "{m}"
     );
     assert!(

@@ -6,7 +6,8 @@
 //! flagged refuses the request (400 `guardrail_blocked`, naming it); else a profile that could
 //! not run under `on_unavailable: block` refuses it (503 `guardrail_unavailable`); else the
 //! request is served and `x-llm-guardrails` reports every profile's result. Each result is
-//! counted once in `signalbox_guardrail_checks_total`.
+//! counted once in `signalbox_guardrail_checks_total`. Why a check was unavailable is logged
+//! at debug level with the profile's name (never the input text).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -102,6 +103,7 @@ async fn check(p: &Profile, text: &str, env: Env<'_>) -> Outcome {
                 model,
             } => moderation::flags(env.connector, env.catalog, *provider, path, model, text)
                 .await
+                .map_err(|why| tracing::debug!(profile = %p.name, ?why, "guardrail unavailable"))
                 .ok(),
             Check::Classifier {
                 model,
@@ -109,6 +111,7 @@ async fn check(p: &Profile, text: &str, env: Env<'_>) -> Outcome {
                 flag_on,
             } => classifier::flags(env.internal, model, prompt, flag_on, text, p.timeout)
                 .await
+                .map_err(|why| tracing::debug!(profile = %p.name, %why, "guardrail unavailable"))
                 .ok(),
         }
     })

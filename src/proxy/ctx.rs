@@ -61,6 +61,9 @@ pub struct RequestCtx {
     pub local_error: Option<GatewayError>,
     /// Counted in the in-flight gauge (released by `logging`).
     pub in_flight: bool,
+    /// The gateway asking itself (`crate::internal`): no caller key needed, its scope not
+    /// applied, no guardrail and no knn selection run.
+    pub internal: bool,
 }
 
 /// Admission of the request itself (the gateway's budget, the caller's key), which happens
@@ -353,6 +356,7 @@ impl RequestCtx {
             downstream: Downstream::Pending,
             local_error: None,
             in_flight: false,
+            internal: false,
         }
     }
 }

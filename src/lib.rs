@@ -47,6 +47,8 @@
 //!   passes share; [`rfc3339`]: instants as RFC 3339 text, the one reader and the one writer.
 //! - [`reload`]: a new config validated, built into a snapshot (health carried over) and
 //!   swapped in, or refused with nothing changed; admin writes are written back to the file.
+//! - [`internal`]: the gateway asking its own models (embeddings, classifiers, recommendations)
+//!   through its own listener, so those calls are planned and failed over like any request.
 //! - [`server`]: the shared gateway state and the Pingora server assembled from a config.
 //! - [`server_tls`]: the proxy listener's TLS certificate (loaded and checked; a leaf that
 //!   config validation uses) in the store handshakes read, swapped on reload.
@@ -65,6 +67,7 @@ pub mod error;
 pub mod glob;
 pub mod guardrails;
 pub mod health;
+pub mod internal;
 pub mod keys;
 pub mod ledger;
 pub mod lifecycle;

@@ -413,6 +413,14 @@ pub fn build_server(
             state.metrics.http_refusals.clone(),
         ),
     );
+    // The gateway's calls to its own models go to this listener (`crate::internal`).
+    if let Err(why) = state
+        .router
+        .internal
+        .set_listener(&config.listen.proxy, config.listen.proxy_tls.is_some())
+    {
+        log::warn!("internal calls are unavailable: {why}");
+    }
     match &config.listen.proxy_tls {
         // Downstream reads go straight into Pingora's own header and body buffers: the default
         // 64 KiB read-ahead buffer per connection would be one more copy of every byte and 64 KiB

@@ -30,6 +30,16 @@ pub fn key<'t>(ctx: &RequestCtx, snapshot: &'t Snapshot) -> Option<&'t ClientKey
     snapshot.keys.as_ref()?.get(ctx.key?)
 }
 
+/// The catalog models the caller's key may be served by (`None`: every model). An internal
+/// call acting as a key is billed as it but not scoped by it: it names the operator's choice.
+pub fn scope<'k>(ctx: &RequestCtx, key: &'k ClientKey) -> Option<&'k std::sync::Arc<[bool]>> {
+    if ctx.internal {
+        None
+    } else {
+        key.models()
+    }
+}
+
 /// Who is calling: with keys configured, the request must present one of them.
 pub fn authenticate(
     ctx: &mut RequestCtx,
@@ -39,6 +49,15 @@ pub fn authenticate(
     let Some(table) = &snapshot.keys else {
         return Ok(());
     };
+    if ctx.internal {
+        // The gateway asking itself: as the key it names (billed and limited as that key),
+        // else as no key at all.
+        ctx.key = headers
+            .get(crate::internal::KEY_HEADER)
+            .and_then(|id| std::str::from_utf8(id.as_bytes()).ok())
+            .and_then(|id| table.iter().position(|k| &*k.id == id));
+        return Ok(());
+    }
     match keys::presented(headers).and_then(|p| table.authenticate(p)) {
         Some((i, _)) => {
             ctx.key = Some(i);
@@ -67,7 +86,8 @@ pub fn check(
     }
     let mut tokens = 0;
     if let Some(key) = key {
-        if !key.allows_request(request, route_header) {
+        // An internal call names what the operator configured, not what the key chose.
+        if !ctx.internal && !key.allows_request(request, route_header) {
             // Says only that it is not allowed: never whether the name exists.
             return Err(GatewayError::new(
                 ErrorCode::ModelNotAllowed,
@@ -244,7 +264,7 @@ pub fn facts<'t>(ctx: &RequestCtx, snapshot: &'t Snapshot) -> Option<KeyFacts<'t
         id: &key.id,
         user: key.user.as_deref(),
         budget: key.budget_facts(now_s(ctx)),
-        models: key.models().map(|m| &m[..]),
+        models: scope(ctx, key).map(|m| &m[..]),
         routing: key.routing.as_ref(),
     })
 }

@@ -63,6 +63,9 @@ pub struct RequestCtx {
     pub local_error: Option<GatewayError>,
     /// Counted in the in-flight gauge (released by `logging`).
     pub in_flight: bool,
+    /// The gateway asking itself (`crate::internal`): no caller key needed, its scope not
+    /// applied, no guardrail and no knn selection run.
+    pub internal: bool,
 }
 
 /// Admission of the request itself (the gateway's budget, the caller's key), which happens
@@ -356,6 +359,7 @@ impl RequestCtx {
             guardrails: None,
             local_error: None,
             in_flight: false,
+            internal: false,
         }
     }
 }

@@ -49,6 +49,7 @@ pub async fn admit(
     if let Some(id) = super::headers::caller_request_id(&req.headers) {
         ctx.request_id = id;
     }
+    ctx.internal = runtime.internal.recognises(&req.headers);
     // The dialect of any answer, refusals included: the endpoint's, or for the model list the
     // Anthropic SDK's (it always sends its API version).
     ctx.surface = Surface::from_path(req.uri.path()).unwrap_or_default();

@@ -148,7 +148,7 @@ pub fn plan_request(
     let rankings = runtime.rankings.load();
     let mut plan = decide::plan(snapshot, &rankings, &env, &routed, facts, key_routing);
     // The key's scope covers every candidate, wherever the route took it from.
-    if let Some(models) = key.and_then(|k| k.models()) {
+    if let Some(models) = key.and_then(|k| access::scope(ctx, k)) {
         plan.restrict_models(models.clone());
     }
     let first = next_target(&mut plan, &env, &snapshot.health, Advance::NextDeployment);

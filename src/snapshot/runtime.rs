@@ -31,6 +31,8 @@ pub struct Runtime {
     pub sessions: SessionTable,
     /// How many of the last second's requests may still be hedged.
     pub hedges: HedgeShare,
+    /// The gateway's calls to its own models, through its own listener and plan.
+    pub internal: crate::internal::InternalClient,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -50,6 +52,7 @@ impl Runtime {
             health,
             sessions,
             hedges: HedgeShare::default(),
+            internal: crate::internal::InternalClient::new(),
         }
     }
 

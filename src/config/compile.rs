@@ -7,14 +7,13 @@
 //! compiling goes on with the siblings, so one pass lists them all. What is refused: unknown
 //! field families and fields, unknown operators, `null`, empty objects and lists, constants of
 //! the wrong type for a typed field (`params.stream: {$gt: 3}`), non-finite numbers, YAML tags,
-//! `$regex` patterns longer than [`MAX_REGEX_LEN`] or compiling past [`REGEX_SIZE_LIMIT`], `$and`
+//! `$regex` patterns longer than [`MAX_REGEX_LEN`](super::condition::MAX_REGEX_LEN) or compiling past
+//! [`REGEX_SIZE_LIMIT`](super::condition::REGEX_SIZE_LIMIT), `$and`
 //! / `$or` nested deeper than [`MAX_DEPTH`], and more than [`MAX_CLAUSES`] comparisons.
 
 use serde_yaml::Value;
 
-use super::condition::{
-    CmpOp, Condition, Field, Scalar, MAX_CLAUSES, MAX_DEPTH, MAX_REGEX_LEN, REGEX_SIZE_LIMIT,
-};
+use super::condition::{CmpOp, Condition, Field, Scalar, MAX_CLAUSES, MAX_DEPTH};
 use super::ConfigError;
 
 /// The families a field name starts with.
@@ -397,44 +396,13 @@ impl Compiler<'_> {
             );
             return None;
         };
-        if pattern.len() > MAX_REGEX_LEN {
-            self.err(
-                path,
-                format!(
-                    "the pattern is {} bytes; at most {MAX_REGEX_LEN}",
-                    pattern.len()
-                ),
-            );
-            return None;
-        }
-        match regex::RegexBuilder::new(pattern)
-            .size_limit(REGEX_SIZE_LIMIT)
-            .dfa_size_limit(REGEX_SIZE_LIMIT)
-            .build()
-        {
+        match super::condition::bounded_regex(pattern) {
             Ok(regex) => Some(Condition::Regex {
                 field: field.clone(),
                 regex,
             }),
-            Err(regex::Error::CompiledTooBig(_)) => {
-                self.err(
-                    path,
-                    format!(
-                        "the pattern compiles past the size limit ({} KiB); simplify it",
-                        REGEX_SIZE_LIMIT / 1024
-                    ),
-                );
-                None
-            }
-            Err(e) => {
-                // The syntax error's last line says what is wrong; the lines above draw it.
-                let text = e.to_string();
-                let why = text
-                    .lines()
-                    .last()
-                    .unwrap_or("")
-                    .trim_start_matches("error: ");
-                self.err(path, format!("not a valid regular expression: {why}"));
+            Err(why) => {
+                self.err(path, why);
                 None
             }
         }
@@ -731,7 +699,7 @@ mod tests {
 
     #[test]
     fn hostile_conditions_are_refused_with_their_path() {
-        let long = "a".repeat(MAX_REGEX_LEN + 1);
+        let long = "a".repeat(crate::config::condition::MAX_REGEX_LEN + 1);
         let table: Vec<(String, &str)> = vec![
             (
                 "{ metadata.team: { $inn: [a] } }".into(),

@@ -79,6 +79,39 @@ impl Field {
     }
 }
 
+/// Compile a pattern under the condition language's bounds (at most [`MAX_REGEX_LEN`] bytes,
+/// compiled under [`REGEX_SIZE_LIMIT`]); the error says what is wrong, for the key's path. Rule
+/// `$regex` clauses and guardrail `patterns` share it.
+pub fn bounded_regex(pattern: &str) -> Result<regex::Regex, String> {
+    if pattern.len() > MAX_REGEX_LEN {
+        return Err(format!(
+            "the pattern is {} bytes; at most {MAX_REGEX_LEN}",
+            pattern.len()
+        ));
+    }
+    regex::RegexBuilder::new(pattern)
+        .size_limit(REGEX_SIZE_LIMIT)
+        .dfa_size_limit(REGEX_SIZE_LIMIT)
+        .build()
+        .map_err(|e| match e {
+            regex::Error::CompiledTooBig(_) => format!(
+                "the pattern compiles past the size limit ({} KiB); simplify it",
+                REGEX_SIZE_LIMIT / 1024
+            ),
+            e => {
+                // The syntax error's last line says what is wrong; the lines above draw it.
+                let text = e.to_string();
+                let why = text
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+                    .trim_start_matches("error: ")
+                    .to_string();
+                format!("not a valid regular expression: {why}")
+            }
+        })
+}
+
 /// A constant a field is compared with.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Scalar {

@@ -2,7 +2,7 @@
 //! (DESIGN §10).
 //!
 //! A profile's keys depend on its `kind`: `patterns` takes `patterns` (each bounded like a
-//! rule's `$regex`: [`MAX_REGEX_LEN`] bytes, compiled under [`REGEX_SIZE_LIMIT`]);
+//! rule's `$regex`: [`MAX_REGEX_LEN`](crate::config::condition::MAX_REGEX_LEN) bytes, compiled under [`REGEX_SIZE_LIMIT`](crate::config::condition::REGEX_SIZE_LIMIT));
 //! `moderation` takes `provider` (an OpenAI-kind provider: the endpoint is OpenAI's) and
 //! `model`; `classifier` takes `model` (a catalog model, alias or policy), `prompt` and
 //! `flag_on`. Every kind takes `timeout` (default 2 s). A key another kind owns is refused with
@@ -12,7 +12,6 @@
 use std::collections::BTreeMap;
 
 use super::names::{Named, Namespace};
-use crate::config::condition::{MAX_REGEX_LEN, REGEX_SIZE_LIMIT};
 use crate::config::schema::{
     GuardrailProfileSection, GuardrailUseSection, GuardrailsSection, PolicySection,
     RecommendSection,
@@ -234,43 +233,10 @@ fn patterns(raw: &[String], path: &str, errs: &mut Vec<ConfigError>) -> Vec<rege
         .enumerate()
         .filter_map(|(i, pattern)| {
             let at = format!("{path}.patterns[{i}]");
-            if pattern.len() > MAX_REGEX_LEN {
-                errs.push(ConfigError::new(
-                    at,
-                    format!(
-                        "the pattern is {} bytes; at most {MAX_REGEX_LEN}",
-                        pattern.len()
-                    ),
-                ));
-                return None;
-            }
-            match regex::RegexBuilder::new(pattern)
-                .size_limit(REGEX_SIZE_LIMIT)
-                .dfa_size_limit(REGEX_SIZE_LIMIT)
-                .build()
-            {
+            match crate::config::condition::bounded_regex(pattern) {
                 Ok(re) => Some(re),
-                Err(regex::Error::CompiledTooBig(_)) => {
-                    errs.push(ConfigError::new(
-                        at,
-                        format!(
-                            "the pattern compiles past the size limit ({} KiB); simplify it",
-                            REGEX_SIZE_LIMIT / 1024
-                        ),
-                    ));
-                    None
-                }
-                Err(e) => {
-                    let text = e.to_string();
-                    let why = text
-                        .lines()
-                        .last()
-                        .unwrap_or("")
-                        .trim_start_matches("error: ");
-                    errs.push(ConfigError::new(
-                        at,
-                        format!("not a valid regular expression: {why}"),
-                    ));
+                Err(why) => {
+                    errs.push(ConfigError::new(at, why));
                     None
                 }
             }

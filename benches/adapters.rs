@@ -142,6 +142,7 @@ fn bench_relay(c: &mut Criterion) {
             provider: None,
             strip_usage: false,
             caller_usage: false,
+            price: None,
         };
         let mut relay = Relay::sse(&reply);
         if let Some(open) = opening {

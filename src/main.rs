@@ -58,6 +58,16 @@ enum Command {
         /// it decides which providers can serve it.
         #[arg(long, value_name = "PATH", default_value = "/v1/chat/completions")]
         endpoint: String,
+        /// Explain as this client key (by its `id`): its scope, routing and budget facts.
+        #[arg(long, value_name = "ID")]
+        key: Option<String>,
+        /// Explain for a caller whose budget is this far spent (`budget.used_pct`), as a
+        /// caller that does not exist yet (or replacing `--key`'s).
+        #[arg(long = "budget-used-pct", value_name = "N")]
+        budget_used_pct: Option<f64>,
+        /// Explain for a caller whose `allowed_models` are these globs (repeat for several).
+        #[arg(long = "allowed-model", value_name = "GLOB")]
+        allowed_models: Vec<String>,
     },
 }
 
@@ -111,8 +121,16 @@ fn main() -> ExitCode {
         body,
         json,
         endpoint,
+        key,
+        budget_used_pct,
+        allowed_models,
     }) = &cli.command
     {
+        let caller = signalbox::snapshot::explain::Caller {
+            key: key.as_deref(),
+            budget_used_pct: *budget_used_pct,
+            allowed_models: (!allowed_models.is_empty()).then_some(allowed_models.as_slice()),
+        };
         let Some(surface) = signalbox::catalog::surface::Surface::from_path(endpoint) else {
             eprintln!("signalbox: --endpoint {endpoint:?} is not an endpoint signalbox serves");
             return ExitCode::from(2);
@@ -124,6 +142,7 @@ fn main() -> ExitCode {
             headers,
             body.as_deref(),
             *json,
+            caller,
         );
     }
 
@@ -176,6 +195,7 @@ fn explain(
     headers: &[String],
     body: Option<&std::path::Path>,
     json: bool,
+    caller: signalbox::snapshot::explain::Caller<'_>,
 ) -> ExitCode {
     let mut request: serde_json::Value = match body {
         None => serde_json::json!({ "messages": [{ "role": "user", "content": "Say hello." }] }),
@@ -214,7 +234,7 @@ fn explain(
                 .find(|(n, _)| n == name)
                 .map(|(_, v)| v.as_slice())
         },
-        None,
+        caller,
     );
     if json {
         println!(

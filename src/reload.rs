@@ -261,6 +261,17 @@ impl Reloader {
         Ok(self.install(Loaded { doc, config }, built))
     }
 
+    /// A snapshot for a draft document (`POST /admin/explain` with `config`): validated whole
+    /// and built as a reload would build it, live health and spend carried over, but never
+    /// installed or written. Its metric handles are a throwaway registry's, so a draft's names
+    /// never reach `/metrics`. Blocking: it resolves provider hosts.
+    pub fn draft(&self, doc: &serde_yaml::Value) -> Result<Snapshot, ReloadError> {
+        let text = serde_yaml::to_string(doc).map_err(|e| ReloadError::Io(e.to_string()))?;
+        let config = config::parse(&text).map_err(ReloadError::Invalid)?;
+        let metrics = Metrics::new().map_err(|e| ReloadError::Build(e.to_string()))?;
+        Ok(self.build_with(&config, &metrics)?.tables)
+    }
+
     /// Take the writer's turn, or say another change is under way.
     fn turn(&self) -> Result<Turn<'_>, ReloadError> {
         use std::sync::atomic::Ordering;
@@ -305,6 +316,10 @@ impl Reloader {
 
     /// A new snapshot for `config`, health carried over from the one serving now.
     fn build(&self, config: &Config) -> Result<Built, ReloadError> {
+        self.build_with(config, &self.metrics)
+    }
+
+    fn build_with(&self, config: &Config, metrics: &Metrics) -> Result<Built, ReloadError> {
         let (catalog, warnings) =
             Catalog::build(config, &resolve_blocking, &read_key_from_env_or_file)
                 .map_err(|e| ReloadError::Build(e.to_string()))?;
@@ -317,7 +332,7 @@ impl Reloader {
             config,
             catalog,
             Arc::new(health),
-            &self.metrics,
+            metrics,
             old.generation + 1,
         )
         .with_accounts(config, Some(&old));

@@ -641,3 +641,142 @@ async fn chains_take_switches_and_backfill_and_presets_only_reorder() {
     assert_eq!(header(&r, "x-llm-provider"), "b", "no entry switched on");
     assert_eq!((a.calls(), c.calls()), before);
 }
+
+/// `DELETE /admin/policies/{name}`: a policy a rule sends to is kept (400 naming the rule); once
+/// no rule names it, it goes — from the running config and the file — and its name is unknown.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_policy_no_rule_names_can_be_deleted() {
+    use reqwest::Method;
+    let (a, b) = (mock("a").await, mock("b").await);
+    let gw = start(config(
+        &a,
+        &b,
+        "policies:\n  keep: { select: [ { router: priority, targets: [ { model: mb } ] } ] }\n  gone: { select: [ { router: priority, targets: [ { model: mb } ] } ] }\nrules:\n  - { when: { params.stream: true }, then: keep }\n",
+    ));
+    assert_eq!(
+        header(&post_chat(&gw, &chat("gone")).await, "x-llm-route"),
+        "policy:gone"
+    );
+    // The read token may not delete; an unknown policy is 404.
+    let (s, _) = admin(
+        &gw,
+        Method::DELETE,
+        "/admin/policies/gone",
+        Some(READ),
+        None,
+    )
+    .await;
+    assert_eq!(s, 403);
+    let (s, v) = admin(
+        &gw,
+        Method::DELETE,
+        "/admin/policies/nope",
+        Some(WRITE),
+        None,
+    )
+    .await;
+    assert_eq!(s, 404, "{v}");
+    // A rule sends to `keep`: refused naming the rule, nothing changes.
+    let (s, v) = admin(
+        &gw,
+        Method::DELETE,
+        "/admin/policies/keep",
+        Some(WRITE),
+        None,
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(v.to_string().contains("rules[0].then"), "{v}");
+    assert_eq!(
+        header(&post_chat(&gw, &chat("keep")).await, "x-llm-route"),
+        "policy:keep"
+    );
+    // `gone` no rule names: deleted, applied and written back.
+    let (s, v) = admin(
+        &gw,
+        Method::DELETE,
+        "/admin/policies/gone",
+        Some(WRITE),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["deleted"], "gone", "{v}");
+    let (s, _) = admin(&gw, Method::GET, "/admin/policies/gone", Some(READ), None).await;
+    assert_eq!(s, 404);
+    expect_error(post_chat(&gw, &chat("gone")).await, 400, "model_not_found").await;
+    let file = std::fs::read_to_string(gw.config_path()).unwrap();
+    assert!(!file.contains("gone"), "{file}");
+    assert!(file.contains("keep"), "{file}");
+}
+
+/// `POST /admin/explain` with `{config, request, headers}`: the request explained against an
+/// unsaved draft (live health applied), nothing stored; a bad draft is 400 with every error
+/// and its path.
+#[tokio::test(flavor = "multi_thread")]
+async fn explain_takes_a_draft_config_and_stores_nothing() {
+    use reqwest::Method;
+    let (a, b) = (mock("a").await, mock("b").await);
+    let gw = start(config(&a, &b, ""));
+    let (_, running) = admin(&gw, Method::GET, "/admin/config", Some(READ), None).await;
+    let mut draft = running.clone();
+    draft["policies"] = serde_json::json!({
+        "trial": { "select": [ { "when": { "metadata.tier": "free" }, "router": "priority", "targets": [ { "model": "mb" } ] },
+                               { "router": "priority", "targets": [ { "model": "ma" } ] } ] }
+    });
+    let ask = |headers: serde_json::Value| serde_json::json!({ "config": draft.clone(), "request": chat("trial"), "headers": headers });
+    let (s, v) = admin(
+        &gw,
+        Method::POST,
+        "/admin/explain",
+        Some(READ),
+        Some(ask(serde_json::json!({}))),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["route"], "policy:trial", "{v:#}");
+    assert_eq!(v["candidates"][0]["candidate"], "a/up-a", "{v:#}");
+    // The draft's headers steer it.
+    let (_, v) = admin(
+        &gw,
+        Method::POST,
+        "/admin/explain",
+        Some(READ),
+        Some(ask(
+            serde_json::json!({ "x-llm-metadata": "{\"tier\":\"free\"}" }),
+        )),
+    )
+    .await;
+    assert_eq!(v["candidates"][0]["candidate"], "b/up-b", "{v:#}");
+    assert_eq!(v["via"]["entry"], 0, "{v:#}");
+    // Live health applies: `a` ejected by a failure shows ejected in the draft too.
+    a.set_default(signalbox_mock::Behaviour::Status {
+        code: 500,
+        retry_after: None,
+        body: None,
+    });
+    assert_ne!(post_chat(&gw, &chat("ma")).await.status(), 200);
+    let (_, v) = admin(
+        &gw,
+        Method::POST,
+        "/admin/explain",
+        Some(READ),
+        Some(ask(serde_json::json!({}))),
+    )
+    .await;
+    assert_eq!(v["candidates"][0]["skipped"], "ejected", "{v:#}");
+    // Nothing was stored: the running config has no `trial`.
+    expect_error(post_chat(&gw, &chat("trial")).await, 400, "model_not_found").await;
+    let (_, now) = admin(&gw, Method::GET, "/admin/config", Some(READ), None).await;
+    assert_eq!(now, running);
+    // A bad draft: every error with its path.
+    let mut bad = ask(serde_json::json!({}));
+    bad["config"]["policies"]["trial"]["select"][0]["targets"][0]["model"] =
+        serde_json::json!("nosuch");
+    bad["config"]["surprise"] = serde_json::json!(1);
+    let (s, v) = admin(&gw, Method::POST, "/admin/explain", Some(READ), Some(bad)).await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["error"]["code"], "invalid_config", "{v}");
+    let text = v["error"]["errors"].to_string();
+    assert!(text.contains("surprise"), "{v}");
+}

@@ -389,3 +389,71 @@ fn routing_off_keeps_policies_validated_and_restore_health_zero_is_the_default()
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("health.restore_health"));
 }
+
+/// `signalbox explain --key/--budget-used-pct/--allowed-model` (seed 004's `routing explain
+/// thrifty --budget-used-pct 85`, `--allowed-model "anthropic:*"`): as a configured key, or as a
+/// caller that does not exist yet, conditions and scope applied as on the proxy.
+#[test]
+fn explain_takes_a_callers_budget_and_scope() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("thrifty.yaml");
+    std::fs::write(
+        &path,
+        "providers:\n  a: { kind: openai, base_url: \"http://127.0.0.1:9\" }\n  b: { kind: openai, base_url: \"http://127.0.0.1:9\" }\n\
+         models:\n  nano: { deployments: [{ provider: a, model: up-nano }] }\n  big: { deployments: [{ provider: b, model: up-big }] }\n\
+         policies:\n  thrifty:\n    select:\n      - { when: { budget.used_pct: { $gte: 80 } }, router: priority, targets: [ { model: nano } ] }\n      - { router: priority, targets: [ { model: big } ] }\n    on_failure: [ nano ]\n\
+         keys:\n  - { id: team, key_env: SB_EXPLAIN_KEY, budget: { usd: 10, period: month }, allowed_models: [thrifty, big] }\n",
+    )
+    .unwrap();
+    let conf = path.to_str().unwrap();
+    let explain = |extra: &[&str]| {
+        let mut args = vec!["explain", "-c", conf, "--json"];
+        args.extend_from_slice(extra);
+        args.push("thrifty");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_signalbox"))
+            .args(&args)
+            .env("SB_EXPLAIN_KEY", "sk-explain")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    // Nobody: no budget, the second entry.
+    let v = explain(&[]);
+    assert_eq!(v["via"]["entry"], 1, "{v:#}");
+    assert_eq!(v["order"][0]["candidate"], "b/up-big", "{v:#}");
+    // 85 % spent, as a caller that does not exist yet: the thrifty entry.
+    let v = explain(&["--budget-used-pct", "85"]);
+    assert_eq!(v["via"]["entry"], 0, "{v:#}");
+    assert_eq!(v["order"][0]["candidate"], "a/up-nano", "{v:#}");
+    // The key as it stands (nothing spent), and its scope: `nano` is outside it.
+    let v = explain(&["--key", "team"]);
+    assert_eq!(v["via"]["entry"], 1, "{v:#}");
+    let skipped: Vec<&str> = v["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["skipped"].as_str())
+        .collect();
+    assert_eq!(skipped, ["not_allowed"], "{v:#}");
+    // The key at 85 %: its scope leaves nothing of the thrifty entry but the key's refusal.
+    let v = explain(&["--key", "team", "--budget-used-pct", "85"]);
+    assert_eq!(v["via"]["entry"], 0, "{v:#}");
+    assert!(v["order"].as_array().unwrap().is_empty(), "{v:#}");
+    // A hypothetical scope: globs over what it sends and what may serve it.
+    let v = explain(&["--allowed-model", "thrifty", "--allowed-model", "n*"]);
+    assert_eq!(v["order"][0]["candidate"], "a/up-nano", "{v:#}");
+    assert_eq!(v["candidates"][0]["skipped"], "not_allowed", "{v:#}");
+    let v = explain(&["--allowed-model", "big"]);
+    assert_eq!(
+        v["status"], 403,
+        "the name it sends is outside the scope: {v:#}"
+    );
+    // An unknown key is a refusal, not a plan.
+    let v = explain(&["--key", "nobody"]);
+    assert_eq!(v["status"], 400, "{v:#}");
+}

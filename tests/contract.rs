@@ -56,6 +56,15 @@ async fn every_proxied_response_carries_the_routing_headers() {
             .unwrap_or_else(|| panic!("{timing}"));
         assert!(dur.parse::<f64>().is_ok(), "{timing}");
     }
+    // Whole milliseconds, and never more than the total the timing header states.
+    let total: f64 = parts[2]
+        .strip_prefix("total;dur=")
+        .and_then(|d| d.parse().ok())
+        .unwrap_or_else(|| panic!("{timing}"));
+    let duration: u64 = header(&r, "x-llm-response-duration-ms")
+        .parse()
+        .expect("whole milliseconds");
+    assert!(duration as f64 <= total + 1.0, "{duration} vs {timing}");
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["model"], "auto");
     // The upstream saw our request id, not another.
@@ -258,4 +267,35 @@ async fn metrics_describe_every_decision() {
         !m.contains("no-such-model"),
         "raw client strings never become labels"
     );
+}
+
+/// `x-llm-response-duration-ms` (seed 004): from the request's arrival to the answer's header,
+/// the failed attempts included — a fast failure then a 300 ms answer is at least 300 ms, whole
+/// or streamed (a stream's header goes out with its first content, after the hold).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_response_duration_covers_every_attempt() {
+    let failing = mock("failing").await;
+    failing.set_default(signalbox_mock::Behaviour::Status {
+        code: 500,
+        retry_after: None,
+        body: None,
+    });
+    let slow = mock("slow").await;
+    slow.set_default(signalbox_mock::Behaviour::SlowHeader { ms: 300 });
+    let gw = Gateway::start(format!(
+        "providers:\n{}{}models:\n  m: {{ deployments: [{{ provider: f, model: up }}, {{ provider: s, model: up }}] }}\n",
+        provider("f", &failing).replace("}\n", ", priority: 1 }\n"),
+        provider("s", &slow).replace("}\n", ", priority: 2 }\n"),
+    ));
+    for stream in [false, true] {
+        let mut body = chat("m");
+        body["stream"] = serde_json::json!(stream);
+        let r = post_chat(&gw, &body).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-llm-attempts"), "2");
+        let ms: u64 = header(&r, "x-llm-response-duration-ms").parse().unwrap();
+        assert!((300..5_000).contains(&ms), "stream {stream}: {ms} ms");
+        let (text, broken) = read_all(r).await;
+        assert!(!broken, "{text}");
+    }
 }

@@ -136,11 +136,24 @@ async fn priority_spills_over_a_full_rpm_window_without_calling_it() {
     let a = &v["candidates"][0];
     assert_eq!(a["candidate"], "a/up-a", "{v:#}");
     assert_eq!(a["skipped"], "rpm_full", "{v:#}");
+    assert_eq!(a["limit"], serde_json::json!({ "rpm": 3 }), "{v:#}");
+    assert!(v["candidates"][1]["limit"].is_null(), "{v:#}");
     let metrics = gw
-        .metrics_with(&[r#"signalbox_skipped_candidates_total{reason="rpm_full"} 3"#])
+        .metrics_with(&[
+            r#"signalbox_skipped_candidates_total{reason="rpm_full"} 3"#,
+            r#"signalbox_rate_limit_full_total{model="ma"} 3"#,
+        ])
         .await;
     assert!(
         metrics.contains(r#"signalbox_skipped_candidates_total{reason="rpm_full"} 3"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"signalbox_rate_limit_full_total{model="ma"} 3"#),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains(r#"signalbox_rate_limit_full_total{model="mb"}"#),
         "{metrics}"
     );
     // Every candidate full: 429 with the time the window frees.

@@ -60,7 +60,7 @@ fn shows(output: &str, line: &str) -> bool {
     if let Some((name, value)) = line.split_once(": ") {
         if matches!(
             name.to_ascii_lowercase().as_str(),
-            "x-request-id" | "server-timing" | "date"
+            "x-request-id" | "server-timing" | "x-llm-response-duration-ms" | "date"
         ) {
             return true;
         }

@@ -214,3 +214,124 @@ async fn a_keys_tpm_counts_what_a_responses_stream_used() {
     );
     assert_eq!(a.calls(), 1);
 }
+
+/// The cost a text answer reports in `usage.cost_usd`: from a whole JSON body, or from the
+/// stream event that carries usage (OpenAI's usage chunk, a Responses stream's
+/// `response.completed`, Anthropic's `message_delta`). `None` when nothing carries it.
+fn reported_cost(text: &str) -> Option<f64> {
+    if let Ok(v) = serde_json::from_str::<Value>(text) {
+        return v["usage"]["cost_usd"].as_f64();
+    }
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find_map(|v| {
+            v["usage"]["cost_usd"]
+                .as_f64()
+                .or_else(|| v["response"]["usage"]["cost_usd"].as_f64())
+        })
+}
+
+/// Seed 004: a priced answer says what it cost in `usage.cost_usd` — the figure its spend was
+/// charged — on every surface, whole and streamed, same dialect and translated; a length-framed
+/// answer keeps an exact `Content-Length`; an unpriced one has no `cost_usd`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_priced_answer_reports_its_cost_in_its_usage() {
+    let a = mock("a").await;
+    let c = mock_with("c", |m| m.api_key = Some(CLAUDE_KEY.into())).await;
+    let free = mock("free").await;
+    let text = config(&a, &c).replace(
+        "models:\n",
+        &format!(
+            "  free: {{ kind: openai, base_url: \"{}\" }}\nmodels:\n  unpriced: {{ deployments: [{{ provider: free, model: up-free }}] }}\n",
+            free.base_url()
+        ),
+    );
+    let gw = GatewayBuilder::new(text)
+        .env("SB_USAGE_CLAUDE", CLAUDE_KEY)
+        .env("SB_USAGE_KEY", "sk-usage-caller")
+        .start();
+    let mut cases: Vec<(String, &str, Value, &MockHandle)> = surfaces()
+        .into_iter()
+        .filter(|s| s.name != "chat stream")
+        .map(|s| {
+            let upstream = if s.model == "claude" { &c } else { &a };
+            (s.name.to_string(), s.path, s.body, upstream)
+        })
+        .collect();
+    // A chat stream whose caller asked for usage; and both translations, whole and streamed.
+    let chat_usage = json!({"model": "m", "stream": true, "stream_options": {"include_usage": true}, "messages": [{"role": "user", "content": "Count my tokens, please."}]});
+    cases.push((
+        "chat stream with usage".into(),
+        "/v1/chat/completions",
+        chat_usage.clone(),
+        &a,
+    ));
+    let mut to_claude = chat_usage.clone();
+    to_claude["model"] = json!("claude");
+    cases.push((
+        "chat stream on claude".into(),
+        "/v1/chat/completions",
+        to_claude.clone(),
+        &c,
+    ));
+    to_claude.as_object_mut().unwrap().remove("stream");
+    to_claude.as_object_mut().unwrap().remove("stream_options");
+    cases.push((
+        "chat on claude".into(),
+        "/v1/chat/completions",
+        to_claude,
+        &c,
+    ));
+    let messages_on_m = json!({"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "Count my tokens, please."}]});
+    cases.push((
+        "messages on m".into(),
+        "/v1/messages",
+        messages_on_m.clone(),
+        &a,
+    ));
+    let mut stream = messages_on_m;
+    stream["stream"] = json!(true);
+    cases.push(("messages stream on m".into(), "/v1/messages", stream, &a));
+    for (i, (name, path, body, upstream)) in cases.into_iter().enumerate() {
+        let id = format!("cost-{i}");
+        let mut rb = client()
+            .post(gw.url(path))
+            .header("authorization", "Bearer sk-usage-caller")
+            .header("x-request-id", &id);
+        if path == "/v1/messages" {
+            rb = rb.header("anthropic-version", "2023-06-01");
+        }
+        let r = rb.json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{name}");
+        let length: Option<usize> = r
+            .headers()
+            .get("content-length")
+            .and_then(|v| v.to_str().ok()?.parse().ok());
+        let (text, broken) = read_all(r).await;
+        assert!(!broken, "{name}: {text}");
+        if let Some(len) = length {
+            assert_eq!(text.len(), len, "{name}: the announced length");
+        }
+        let line = gw.json_access_line(&id).await;
+        let tokens = line["prompt_tokens"].as_u64().unwrap()
+            + line["completion_tokens"].as_u64().unwrap_or(0);
+        assert!(upstream.calls() > 0, "{name}");
+        assert_eq!(
+            reported_cost(&text),
+            Some(tokens as f64),
+            "{name}: a dollar a token: {text}"
+        );
+    }
+    // Unpriced: the answer is as the provider wrote it, no cost.
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .header("authorization", "Bearer sk-usage-caller")
+        .json(&json!({"model": "unpriced", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert!(v["usage"].is_object(), "{v}");
+    assert!(v["usage"].get("cost_usd").is_none(), "{v}");
+}

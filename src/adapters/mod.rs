@@ -20,6 +20,7 @@
 pub mod anthropic;
 pub mod caller;
 pub mod chat_messages;
+pub mod cost;
 pub mod envelope;
 pub mod estimate;
 pub mod facts;

@@ -233,8 +233,9 @@ pub enum ResponseRewriter {
         fixed_len: Option<usize>,
     },
     /// A JSON body too large to hold and rewrite, relayed as it comes; its length-framed
-    /// response still owes `pad` bytes of trailing whitespace.
-    PassthroughPadded { pad: usize },
+    /// response is padded with trailing whitespace up to `target` bytes at its end (`sent`:
+    /// the bytes relayed so far).
+    PassthroughPadded { target: usize, sent: usize },
     /// An SSE stream: `model` replaced in each `data:` event as it passes; with
     /// `strip_usage`, the usage-only chunk (asked for by signalbox, not by the caller) is
     /// read and dropped.
@@ -323,13 +324,14 @@ impl ResponseRewriter {
     pub fn filter(&mut self, body: &mut Option<Bytes>, eos: bool, stats: &mut StreamStats) {
         match self {
             ResponseRewriter::Passthrough => {}
-            ResponseRewriter::PassthroughPadded { pad } => {
+            ResponseRewriter::PassthroughPadded { target, sent } => {
+                *sent += body.as_ref().map_or(0, Bytes::len);
                 if eos {
                     let mut out = BytesMut::new();
                     if let Some(chunk) = body.take() {
                         out.put_slice(&chunk);
                     }
-                    out.put_bytes(b' ', *pad);
+                    out.put_bytes(b' ', target.saturating_sub(*sent));
                     *body = Some(out.freeze());
                 }
             }
@@ -347,20 +349,18 @@ impl ResponseRewriter {
                             // length-framed response still gets its announced length).
                             let mut all = std::mem::take(buf);
                             all.put_slice(&chunk);
-                            // What the announced length adds to the upstream's (see
-                            // `fixed_json_length`).
-                            let pad = if fixed_len.is_some() {
-                                caller_model.len().saturating_sub(2)
-                            } else {
-                                0
-                            };
-                            *self = if pad > 0 && eos {
-                                all.put_bytes(b' ', pad);
-                                ResponseRewriter::Passthrough
-                            } else if pad > 0 {
-                                ResponseRewriter::PassthroughPadded { pad }
-                            } else {
-                                ResponseRewriter::Passthrough
+                            // A length-framed body still gets its announced length (see
+                            // `fixed_json_length`): padded at its end.
+                            *self = match *fixed_len {
+                                Some(target) if eos => {
+                                    all.put_bytes(b' ', target.saturating_sub(all.len()));
+                                    ResponseRewriter::Passthrough
+                                }
+                                Some(target) => ResponseRewriter::PassthroughPadded {
+                                    target,
+                                    sent: all.len(),
+                                },
+                                None => ResponseRewriter::Passthrough,
                             };
                             *body = Some(all.freeze());
                             return;

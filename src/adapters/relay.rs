@@ -12,9 +12,11 @@ use super::chat_messages::{
     anthropic_error_to_openai, chat_response_to_messages, messages_response_to_chat,
     openai_error_to_anthropic, BadUpstream, ChatStreamToMessages, MessagesStreamToChat,
 };
+use super::cost::{CostSplice, SPLICE_MAX};
 use super::openai::{self, fixed_json_length, ResponseRewriter, StreamStats};
 use super::stream::{InbandError, Signals};
 use crate::catalog::surface::{Conversion, Dialect, Surface};
+use crate::config::Price;
 use crate::error::error_json;
 
 /// A translated JSON answer larger than this is refused as malformed (it is held whole).
@@ -35,6 +37,8 @@ pub struct Reply<'a> {
     pub strip_usage: bool,
     /// The caller asked for usage in its stream (a chat caller's `include_usage`).
     pub caller_usage: bool,
+    /// The serving deployment's price: the answer's `usage` gains `cost_usd` ([`CostSplice`]).
+    pub price: Option<Price>,
 }
 
 impl Reply<'_> {
@@ -68,6 +72,8 @@ pub struct Relay {
     /// A same-dialect stream: the provider's own error event is reworded (translated streams
     /// are written in signalbox's words already).
     reword_errors: Option<Dialect>,
+    /// A priced answer: `usage.cost_usd` written in.
+    cost: Option<CostSplice>,
 }
 
 #[derive(Debug)]
@@ -107,6 +113,7 @@ impl Relay {
             bad: None,
             fixed_len: None,
             reword_errors: None,
+            cost: None,
         }
     }
 
@@ -147,6 +154,7 @@ impl Relay {
         let same = reply.conversion == Conversion::Same && reply.surface != Surface::Responses;
         Self {
             reword_errors: same.then(|| reply.surface.dialect()),
+            cost: reply.price.map(|p| CostSplice::new(p, true)),
             ..Self::new(mode)
         }
     }
@@ -155,7 +163,9 @@ impl Relay {
     /// keeps a length framing (see [`Self::fixed_len`]); a translated one is re-framed.
     pub fn json(reply: &Reply<'_>, upstream_len: Option<usize>) -> Self {
         let splice = reply.model_splice();
-        let fixed_len = upstream_len.map(|len| fixed_json_length(len, &splice));
+        // A priced answer's length leaves room for `usage.cost_usd` (padding when unused).
+        let room = if reply.price.is_some() { SPLICE_MAX } else { 0 };
+        let fixed_len = upstream_len.map(|len| fixed_json_length(len, &splice) + room);
         let same = reply.conversion == Conversion::Same;
         let mode = match (reply.conversion, reply.surface.dialect()) {
             (Conversion::Same, Dialect::OpenAi) => Mode::OpenAi {
@@ -178,6 +188,7 @@ impl Relay {
         };
         Self {
             fixed_len: fixed_len.filter(|_| same),
+            cost: reply.price.map(|p| CostSplice::new(p, false)),
             ..Self::new(mode)
         }
     }
@@ -245,6 +256,9 @@ impl Relay {
     pub fn filter(&mut self, body: &mut Option<Bytes>, eos: bool) {
         let had_error = self.signals.error.is_some();
         self.filter_mode(body, eos);
+        if let Some(cost) = &mut self.cost {
+            cost.apply(body, eos, self.signals.usage, self.fixed_len.is_some());
+        }
         if let (Some(dialect), Some(kind), false) =
             (self.reword_errors, self.signals.error, had_error)
         {
@@ -496,6 +510,7 @@ mod tests {
             provider,
             strip_usage: false,
             caller_usage: false,
+            price: None,
         }
     }
 

@@ -55,6 +55,7 @@ pub async fn handle(
         (&Method::PUT, ["policies", name]) => {
             put_section(reloader, session, vec!["policies".into(), (*name).into()]).await
         }
+        (&Method::DELETE, ["policies", name]) => delete_policy(reloader, name).await,
         (&Method::GET, ["chains", name]) => section(reloader, &["chains", name]),
         (&Method::PUT, ["chains", name]) => {
             put_section(reloader, session, vec!["chains".into(), (*name).into()]).await
@@ -190,6 +191,75 @@ async fn put_section(
         }
         doc_json(v)
     })
+}
+
+/// `DELETE /admin/policies/{name}`: remove a policy no rule names. A rule whose `then` (or the
+/// rule set's `default`) is the policy refuses it, 400 naming that rule; an unknown policy is
+/// 404. The rest of the document is validated as for any change (another reference, such as a
+/// chain member, is refused with its path) and written back.
+async fn delete_policy(reloader: &Arc<Reloader>, name: &str) -> Response<Vec<u8>> {
+    let present = reloader
+        .current()
+        .doc
+        .get("policies")
+        .and_then(|p| p.get(name))
+        .is_some();
+    if !present {
+        return error(404, "not_found", &format!("no policy named {name:?}"));
+    }
+    let r = reloader.clone();
+    let policy = name.to_string();
+    let outcome = run(move || {
+        r.edit(move |doc| {
+            if let Some(path) = rule_naming(doc, &policy) {
+                return Err(ConfigError::new(
+                    path,
+                    format!("names policy {policy:?}; change or remove that rule first"),
+                ));
+            }
+            if let Some(policies) = doc.get_mut("policies").and_then(|p| p.as_mapping_mut()) {
+                policies.remove(policy.as_str());
+                if policies.is_empty() {
+                    if let Some(d) = doc.as_mapping_mut() {
+                        d.remove("policies");
+                    }
+                }
+            }
+            Ok(())
+        })
+    })
+    .await;
+    applied(
+        outcome,
+        |a| json!({ "deleted": name, "generation": a.generation }),
+    )
+}
+
+/// The key path of the first rule that sends requests to `policy` (`rules[2].then`, or
+/// `rules.default` for the long form's default), if any. Names compare as the config does.
+fn rule_naming(doc: &serde_yaml::Value, policy: &str) -> Option<String> {
+    let names = |v: Option<&serde_yaml::Value>| {
+        v.and_then(serde_yaml::Value::as_str)
+            .is_some_and(|t| t.eq_ignore_ascii_case(policy))
+    };
+    let rules = doc.get("rules")?;
+    let (list, prefix) = match rules {
+        serde_yaml::Value::Sequence(list) => (Some(list), "rules"),
+        serde_yaml::Value::Mapping(m) => {
+            if names(m.get("default")) {
+                return Some("rules.default".to_string());
+            }
+            (
+                m.get("rules").and_then(serde_yaml::Value::as_sequence),
+                "rules.rules",
+            )
+        }
+        _ => (None, "rules"),
+    };
+    list?
+        .iter()
+        .position(|rule| names(rule.get("then")))
+        .map(|n| format!("{prefix}[{n}].then"))
 }
 
 /// Set `doc[path...] = value`, creating the section's mapping when it is missing.

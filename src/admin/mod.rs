@@ -5,9 +5,10 @@
 //! |---|---|---|
 //! | `GET`/`HEAD /metrics`, `GET /healthz`, `GET /admin/ready` | none | Prometheus text; liveness; readiness |
 //! | `GET /admin/health` | read | every target, credential, degraded mode |
-//! | `POST /admin/explain` | read | why a request would go where it goes |
+//! | `POST /admin/explain[?key=]` | read | why a request would go where it goes (against a draft config when the body carries one) |
 //! | `GET /admin/config` · `PUT /admin/config` · `POST /admin/reload` | read · write · write | the running config · replace it · re-read the file |
 //! | `GET`/`PUT /admin/policies/{name}`, `/admin/rules`, `/admin/chains/{name}` | read/write | one section |
+//! | `DELETE /admin/policies/{name}` | write | remove a policy no rule names |
 //! | `POST /admin/chains/{name}/sort/{smartest,fastest,budget}` | write | reorder a chain |
 //! | `POST /admin/keys` · `DELETE /admin/keys/{id}` | write | create a client key (returned once) · revoke one |
 //! | `GET /admin/usage?by=key\|user\|model\|provider&since=&until=` | read | the ledger's aggregates |
@@ -274,13 +275,76 @@ impl AdminApp {
             .query()
             .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("key=")))
             .map(str::to_owned);
+        let caller = crate::snapshot::explain::Caller {
+            key: key.as_deref(),
+            ..Default::default()
+        };
         let headers = &session.req_header().headers;
-        let answer = crate::snapshot::explain::explain(
+        // A draft: `{"config": <document>, "request": {...}, "headers": {...}}`.
+        let draft = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .filter(|v| v.get("config").is_some());
+        let Some(draft) = draft else {
+            let answer = crate::snapshot::explain::explain(
+                self.reloader.router(),
+                surface,
+                body,
+                |name| headers.get(name).map(http::HeaderValue::as_bytes),
+                caller,
+            );
+            return json(200, &answer);
+        };
+        let doc = match serde_yaml::to_value(&draft["config"]) {
+            Ok(d) => d,
+            Err(_) => {
+                return error(
+                    400,
+                    "invalid_request",
+                    "`config` cannot be a config document",
+                )
+            }
+        };
+        let request = match draft.get("request") {
+            Some(r @ serde_json::Value::Object(_)) => bytes::Bytes::from(r.to_string()),
+            _ => {
+                return error(
+                    400,
+                    "invalid_request",
+                    "a draft explain needs `request`: the request as a caller would send it",
+                )
+            }
+        };
+        // The draft's own headers (by lower-case name); without them, this request's.
+        let draft_headers: Option<Vec<(String, Vec<u8>)>> =
+            draft.get("headers").and_then(|h| h.as_object()).map(|h| {
+                h.iter()
+                    .filter_map(|(k, v)| {
+                        Some((k.to_ascii_lowercase(), v.as_str()?.as_bytes().to_vec()))
+                    })
+                    .collect()
+            });
+        let reloader = self.reloader.clone();
+        let built = tokio::task::spawn_blocking(move || reloader.draft(&doc))
+            .await
+            .unwrap_or_else(|e| {
+                Err(crate::reload::ReloadError::Io(format!(
+                    "the draft was not built: {e}"
+                )))
+            });
+        let draft = match built {
+            Ok(d) => d,
+            Err(e) => return config::applied(Err(e), |_| serde_json::Value::Null),
+        };
+        let answer = crate::snapshot::explain::explain_draft(
             self.reloader.router(),
+            draft,
             surface,
-            body,
-            |name| headers.get(name).map(http::HeaderValue::as_bytes),
-            key.as_deref(),
+            request,
+            |name| match &draft_headers {
+                Some(h) => h.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_slice()),
+                None => headers.get(name).map(http::HeaderValue::as_bytes),
+            },
+            caller,
         );
         json(200, &answer)
     }

@@ -31,6 +31,8 @@
 //! - `policy_selections_total{policy, entry}`: the `select` entry that held (`none`: no entry
 //!   held and the policy's `on_failure` models served).
 //! - `skipped_candidates_total{reason}`: candidates passed over without a call.
+//! - `rate_limit_full_total{model}`: candidates skipped without a call because their
+//!   deployment's `rpm` or `tpm` window was full (seed 004's spill-over), by catalog model.
 //! - `tokens_total{provider, model, kind}`: tokens the serving provider reported in the
 //!   response's `usage` (`kind`: `prompt`, `completion`, `cache_read`, `cache_write`; `model`
 //!   is the catalog model, `direct` for a `<provider>/<name>` request); nothing when it
@@ -306,6 +308,8 @@ pub struct BoundMetrics {
     pub policy_selections: Arc<DenseTable>,
     /// `[reason]`.
     pub skipped: Arc<DenseTable>,
+    /// `[model]`: skips for a full rpm/tpm window.
+    pub rate_limit_full: Arc<DenseTable>,
     /// `[provider, model, kind]`, kind indexed by [`TOKEN_KINDS`]; model index
     /// `models.len()` is `direct`.
     pub tokens: Arc<DenseTable>,
@@ -327,6 +331,7 @@ pub struct Metrics {
     rule_matches: Arc<DenseCounters>,
     policy_selections: Arc<DenseCounters>,
     skipped: Arc<DenseCounters>,
+    rate_limit_full: Arc<DenseCounters>,
     tokens: Arc<DenseCounters>,
     spend: Arc<DenseCounters>,
     key_tokens: Arc<DenseCounters>,
@@ -387,6 +392,11 @@ impl Metrics {
             "Candidates passed over without a call, by reason.",
             &["reason"],
         )?);
+        let rate_limit_full = Arc::new(DenseCounters::new(
+            "signalbox_rate_limit_full_total",
+            "Candidates skipped without a call because their rpm or tpm window was full, by model.",
+            &["model"],
+        )?);
         let tokens = Arc::new(DenseCounters::new(
             "signalbox_tokens_total",
             "Tokens the serving provider reported in the response's usage, by provider, model and kind.",
@@ -443,6 +453,7 @@ impl Metrics {
         registry.register(Box::new(ArcCollector(rule_matches.clone())))?;
         registry.register(Box::new(ArcCollector(policy_selections.clone())))?;
         registry.register(Box::new(ArcCollector(skipped.clone())))?;
+        registry.register(Box::new(ArcCollector(rate_limit_full.clone())))?;
         registry.register(Box::new(ArcCollector(tokens.clone())))?;
         registry.register(Box::new(ArcCollector(spend.clone())))?;
         registry.register(Box::new(ArcCollector(key_tokens.clone())))?;
@@ -500,6 +511,7 @@ impl Metrics {
             rule_matches,
             policy_selections,
             skipped,
+            rate_limit_full,
             tokens,
             spend,
             key_tokens,
@@ -559,6 +571,7 @@ impl Metrics {
             skipped: self
                 .skipped
                 .rebind(vec![labels.skip_reasons.iter().cloned().collect()]),
+            rate_limit_full: self.rate_limit_full.rebind(vec![models.clone()]),
             tokens: self.tokens.rebind(vec![
                 provider_values.clone(),
                 models.clone(),
@@ -608,8 +621,9 @@ impl Metrics {
         out
     }
 
-    fn dense(&self) -> [&DenseCounters; 10] {
+    fn dense(&self) -> [&DenseCounters; 11] {
         [
+            &self.rate_limit_full,
             &self.spend,
             &self.key_tokens,
             &self.key_spend,

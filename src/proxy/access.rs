@@ -261,7 +261,7 @@ pub fn request_budget_spent(budget: RequestBudget, now_s: u64) -> GatewayError {
 pub fn facts<'t>(ctx: &RequestCtx, snapshot: &'t Snapshot) -> Option<KeyFacts<'t>> {
     let key = key(ctx, snapshot)?;
     Some(KeyFacts {
-        id: &key.id,
+        id: Some(&key.id),
         user: key.user.as_deref(),
         budget: key.budget_facts(now_s(ctx)),
         models: scope(ctx, key).map(|m| &m[..]),

@@ -160,6 +160,16 @@ fn count(ctx: &RequestCtx, cost: u64, status: u16) {
     for (reason, n) in a.plan.skip_counts() {
         metrics.skipped.add(&[reason.index()], u64::from(n));
     }
+    for pos in a.plan.full_positions() {
+        // A direct `<provider>/<name>` deployment has no catalog model: `direct`.
+        let model = a
+            .plan
+            .deployment(&snapshot.catalog, usize::from(*pos))
+            .map(|d| d.model.map_or(snapshot.catalog.models.len(), |m| m.get()));
+        if let Some(m) = model {
+            metrics.rate_limit_full.inc(&[m]);
+        }
+    }
     for rec in &a.attempts.log {
         let p = rec.provider.get();
         metrics.attempts.inc(&[p, rec.outcome.index()]);

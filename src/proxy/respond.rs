@@ -185,6 +185,10 @@ pub mod names {
     /// Response: `won` (the hedge served) or `lost` (the first attempt did), when a hedge ran.
     pub const X_LLM_HEDGED: HeaderName = HeaderName::from_static("x-llm-hedged");
     pub const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
+    /// Response: whole milliseconds from the request's arrival to its response header (the
+    /// provider's answer, or a stream's opening), failed attempts included (seed 004).
+    pub const X_LLM_RESPONSE_DURATION_MS: HeaderName =
+        HeaderName::from_static("x-llm-response-duration-ms");
 }
 
 /// Edit a header's `http` parts in place.
@@ -271,6 +275,11 @@ pub fn add_routing_headers(resp: &mut ResponseHeader, ctx: &RequestCtx, now: Ins
         if let Some(timing) = server_timing(ctx, now) {
             headers.insert(names::SERVER_TIMING, timing);
         }
+        let total_ms = now.saturating_duration_since(ctx.started).as_millis();
+        headers.insert(
+            names::X_LLM_RESPONSE_DURATION_MS,
+            HeaderValue::from(u64::try_from(total_ms).unwrap_or(u64::MAX)),
+        );
     })
 }
 

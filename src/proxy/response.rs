@@ -116,6 +116,12 @@ fn choose_relay(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader) {
             .then(|| snapshot.catalog.provider(l.provider).id.clone())
     });
     let conversion = a.attempts.conversion;
+    // The serving deployment's price: a priced answer reports its cost in `usage.cost_usd`.
+    let price = a.attempts.live.as_ref().and_then(|l| {
+        a.plan
+            .deployment(&snapshot.catalog, l.target.position)
+            .and_then(|d| d.price)
+    });
     let reply = Reply {
         surface: ctx.surface,
         conversion,
@@ -123,6 +129,7 @@ fn choose_relay(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader) {
         provider: provider_id.as_deref(),
         strip_usage: request.adds_stream_usage(ctx.surface),
         caller_usage: CallerRequest::caller_wants_stream_usage(request),
+        price,
     };
     let sse = starts_with_ignore_case(content_type, b"text/event-stream");
     if sse {

@@ -173,7 +173,8 @@ pub struct Steering<'a> {
 /// What conditions may read about the caller's key.
 #[derive(Debug, Clone, Copy)]
 pub struct KeyFacts<'a> {
-    pub id: &'a str,
+    /// `None` for a caller explained before it exists (`signalbox explain --allowed-model`).
+    pub id: Option<&'a str>,
     pub user: Option<&'a str>,
     /// `budget.used_pct` and `budget.remaining_usd`, when the key has a budget.
     pub budget: Option<(f64, f64)>,
@@ -204,7 +205,7 @@ impl Facts for RequestFactsView<'_> {
             Field::PromptTokens => FactValue::Num(r.prompt_tokens() as f64),
             Field::Metadata(k) => return self.steering.metadata.get(k),
             // No caller keys yet: these never match.
-            Field::KeyId => FactValue::Str(self.steering.key?.id),
+            Field::KeyId => FactValue::Str(self.steering.key?.id?),
             Field::KeyUser => FactValue::Str(self.steering.key?.user?),
             Field::BudgetUsedPct => FactValue::Num(self.steering.key?.budget?.0),
             Field::BudgetRemainingUsd => FactValue::Num(self.steering.key?.budget?.1),

@@ -147,6 +147,9 @@ impl SkipReason {
 }
 
 const SKIP_REASONS: usize = SkipReason::ALL.len();
+/// How many rate-limit-full skips a plan remembers the model of (a plan rarely holds more
+/// candidates than this; further skips are still counted by reason).
+const FULL_MODELS: usize = 8;
 
 /// Whether a deployment's `tpm` window can take a request.
 enum Tokens {
@@ -275,6 +278,10 @@ pub struct Plan {
     /// Whether the plan's first could take a request (a closed breaker) when decided.
     first_healthy: bool,
     skipped: [u16; SKIP_REASONS],
+    /// The plan positions of the first candidates skipped for a full `rpm`/`tpm` window
+    /// (`signalbox_rate_limit_full_total{model}`); inline, no allocation.
+    full_models: [u16; FULL_MODELS],
+    full_len: u8,
     /// Every skip as (position, reason), kept only when explaining.
     skips: Option<Vec<(usize, SkipReason)>>,
     soonest_ms: Option<u64>,
@@ -312,6 +319,8 @@ impl Plan {
             first: None,
             first_healthy: false,
             skipped: [0; SKIP_REASONS],
+            full_models: [0; FULL_MODELS],
+            full_len: 0,
             skips: None,
             soonest_ms: None,
             rpm_frees_ms: None,
@@ -583,8 +592,22 @@ impl Plan {
         self.skip(position, reason);
     }
 
+    /// The plan positions skipped because their deployment's rate-limit window was full, one
+    /// entry per skip (the first [`FULL_MODELS`]).
+    pub fn full_positions(&self) -> &[u16] {
+        &self.full_models[..usize::from(self.full_len)]
+    }
+
     fn skip(&mut self, pos: usize, reason: SkipReason) {
         self.skipped[reason.index()] = self.skipped[reason.index()].saturating_add(1);
+        if matches!(reason, SkipReason::RpmFull | SkipReason::TpmFull)
+            && usize::from(self.full_len) < FULL_MODELS
+        {
+            if let Ok(pos) = u16::try_from(pos) {
+                self.full_models[usize::from(self.full_len)] = pos;
+                self.full_len += 1;
+            }
+        }
         if let Some(skips) = &mut self.skips {
             skips.push((pos, reason));
         }

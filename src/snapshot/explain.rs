@@ -17,33 +17,107 @@ use crate::catalog::surface::Surface;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
+use std::sync::Arc;
+
 use super::{Runtime, Snapshot};
 use crate::adapters::caller::CallerRequest;
 use crate::attempt::Advance;
 use crate::catalog::{stable_hash, ProviderIdx};
 use crate::error::{ErrorCode, GatewayError};
+use crate::health::HealthShared;
 use crate::routing::decide::{self, SteeringHeaders, Via};
 use crate::routing::key::KeyRouting;
 use crate::routing::plan::{Plan, PlanEnv, RequestFacts};
 use crate::routing::policy::{EntryRouter, Pick};
+use crate::routing::rank::Rankings;
 use crate::routing::scoring::cost_micro;
 
-/// Explain a request given as a body and its headers (by lower-case name), as the client key
-/// `key_id` would send it when one is named (its `allowed_models`, and its facts for
-/// conditions; its rate limits and budget are not consumed).
+/// Who a request is explained for: nobody (no key), a configured client key, or a caller that
+/// does not exist yet (`signalbox explain --budget-used-pct N --allowed-model GLOB`). The
+/// hypothetical fields, given with a key, replace that key's.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Caller<'a> {
+    /// A configured client key, by id (its `allowed_models`, routing and facts apply).
+    pub key: Option<&'a str>,
+    /// `budget.used_pct` (0–100 and beyond) as the caller's; `budget.remaining_usd` follows
+    /// from the key's budget, and never matches without one.
+    pub budget_used_pct: Option<f64>,
+    /// `allowed_models` globs as the caller's (matched lower-cased, as a key's are).
+    pub allowed_models: Option<&'a [String]>,
+}
+
+/// What a request is explained against: a routing snapshot, its rankings, and the live
+/// process-wide health (clock, degraded mode).
+struct View<'r> {
+    tables: Arc<Snapshot>,
+    rankings: Arc<Rankings>,
+    health: &'r HealthShared,
+}
+
+/// Explain a request given as a body and its headers (by lower-case name), as `caller` would
+/// send it (its rate limits and budget are not consumed).
 pub fn explain<'a>(
     router: &Runtime,
     surface: Surface,
     body: Bytes,
     header: impl Fn(&str) -> Option<&'a [u8]>,
-    key_id: Option<&str>,
+    caller: Caller<'_>,
 ) -> Value {
-    let tables = router.snapshot.load_full();
+    let view = View {
+        tables: router.snapshot.load_full(),
+        rankings: router.rankings.load_full(),
+        health: &router.health,
+    };
+    explain_in(&view, surface, body, header, caller)
+}
+
+/// [`explain`] against a draft snapshot (`POST /admin/explain` with `config`): built from a
+/// validated document with the live health carried over, never installed.
+pub fn explain_draft<'a>(
+    router: &Runtime,
+    draft: Snapshot,
+    surface: Surface,
+    body: Bytes,
+    header: impl Fn(&str) -> Option<&'a [u8]>,
+    caller: Caller<'_>,
+) -> Value {
+    let rankings = Rankings::build(&draft, router.health.now_ms());
+    let view = View {
+        tables: Arc::new(draft),
+        rankings: Arc::new(rankings),
+        health: &router.health,
+    };
+    explain_in(&view, surface, body, header, caller)
+}
+
+/// Per catalog model (by index): whether `globs` (lower-cased) match its name.
+fn models_matching(tables: &Snapshot, globs: &[String]) -> Arc<[bool]> {
+    tables
+        .catalog
+        .models
+        .iter()
+        .map(|m| {
+            let name = m.name.to_ascii_lowercase();
+            globs
+                .iter()
+                .any(|g| crate::glob::matches(g.as_bytes(), name.as_bytes()))
+        })
+        .collect()
+}
+
+fn explain_in<'a>(
+    view: &View<'_>,
+    surface: Surface,
+    body: Bytes,
+    header: impl Fn(&str) -> Option<&'a [u8]>,
+    caller: Caller<'_>,
+) -> Value {
+    let tables = view.tables.clone();
     let request = match CallerRequest::parse(surface, body) {
         Ok(r) => r,
         Err(message) => return error(&GatewayError::new(ErrorCode::InvalidRequest, message)),
     };
-    let key = match key_id {
+    let key = match caller.key {
         None => None,
         Some(id) => match tables.keys.as_ref().and_then(|k| k.by_id(id)) {
             Some(k) => Some(k),
@@ -55,12 +129,38 @@ pub fn explain<'a>(
             }
         },
     };
-    if let Some(key) = key {
+    let not_allowed = || {
+        error(&GatewayError::new(
+            ErrorCode::ModelNotAllowed,
+            "this API key may not use the model or route it named",
+        ))
+    };
+    // The caller's scope: `--allowed-model` globs, else the key's.
+    let globs: Option<Vec<String>> = caller
+        .allowed_models
+        .map(|g| g.iter().map(|s| s.to_ascii_lowercase()).collect());
+    let scope: Option<Arc<[bool]>> = match &globs {
+        Some(g) => Some(models_matching(&tables, g)),
+        None => key.and_then(|k| k.models().cloned()),
+    };
+    if let Some(g) = &globs {
+        let policy = request.routing().and_then(|r| r.policy.as_deref());
+        let route = header("x-llm-route").and_then(|h| std::str::from_utf8(h).ok());
+        let allows = |name: &str| {
+            let name = name.to_ascii_lowercase();
+            g.iter()
+                .any(|glob| crate::glob::matches(glob.as_bytes(), name.as_bytes()))
+        };
+        if ![Some(&*request.model_name()), policy, route]
+            .iter()
+            .flatten()
+            .all(|n| allows(n))
+        {
+            return not_allowed();
+        }
+    } else if let Some(key) = key {
         if !key.allows_request(&request, header("x-llm-route")) {
-            return error(&GatewayError::new(
-                ErrorCode::ModelNotAllowed,
-                "this API key may not use the model or route it named",
-            ));
+            return not_allowed();
         }
     }
     let headers = match SteeringHeaders::read(
@@ -74,14 +174,25 @@ pub fn explain<'a>(
     // A fixed seed per body: the same request explains the same way twice.
     let seed = stable_hash(request.prompt());
     let mut steering = headers.steer(surface, &request, seed);
-    let now_s = router.health.wall_s();
-    steering.key = key.map(|k| decide::KeyFacts {
-        id: &k.id,
-        user: k.user.as_deref(),
-        budget: k.budget_facts(now_s),
-        models: k.models().map(|m| &m[..]),
-        routing: k.routing.as_ref(),
-    });
+    let now_s = view.health.wall_s();
+    let budget = match caller.budget_used_pct {
+        Some(pct) => {
+            #[allow(clippy::cast_precision_loss)]
+            let usd = key.and_then(|k| k.budget.map(|b| b.micro_usd as f64 / 1e6));
+            Some((pct, usd.map_or(f64::NAN, |usd| usd * (1.0 - pct / 100.0))))
+        }
+        None => key.and_then(|k| k.budget_facts(now_s)),
+    };
+    let hypothetical = caller.budget_used_pct.is_some() || caller.allowed_models.is_some();
+    if key.is_some() || hypothetical {
+        steering.key = Some(decide::KeyFacts {
+            id: key.map(|k| &*k.id),
+            user: key.and_then(|k| k.user.as_deref()),
+            budget,
+            models: scope.as_deref(),
+            routing: key.and_then(|k| k.routing.as_ref()),
+        });
+    }
     let key_routing = key.and_then(|k| k.routing.as_ref());
     let routed = match decide::route(&tables, &steering) {
         Ok(r) => r,
@@ -90,9 +201,9 @@ pub fn explain<'a>(
     let env = PlanEnv {
         catalog: &tables.catalog,
         health: &tables.health,
-        now_ms: router.health.now_ms(),
-        wall_s: router.health.wall_s(),
-        degraded: router.health.degraded.is_degraded(),
+        now_ms: view.health.now_ms(),
+        wall_s: view.health.wall_s(),
+        degraded: view.health.degraded.is_degraded(),
     };
     let (input_tokens, input_tokens_anthropic) = decide::input_tokens(&tables, &routed, &request);
     let facts = RequestFacts {
@@ -108,9 +219,9 @@ pub fn explain<'a>(
         needs: request.needs(),
         surface,
     };
-    let rankings = router.rankings.load();
-    let mut plan = decide::plan(&tables, &rankings, &env, &routed, facts, key_routing).explaining();
-    if let Some(models) = key.and_then(|k| k.models()) {
+    let mut plan =
+        decide::plan(&tables, &view.rankings, &env, &routed, facts, key_routing).explaining();
+    if let Some(models) = &scope {
         plan.restrict_models(models.clone());
     }
     let mut order = Vec::new();
@@ -141,7 +252,7 @@ pub fn explain<'a>(
         "model": &*request.model_name(),
         "route": route_header(&tables, &routed),
         "rules": rules,
-        "via": via(&tables, &routed, &request, key.and_then(|k| k.models()).map(|m| &m[..])),
+        "via": via(&tables, &routed, &request, scope.as_deref()),
         "strategy": routed.strategy.as_str(),
         "strategy_from": strategy_from(&request, key_routing),
         "smart_fallback": routed.smart_fallback,
@@ -402,6 +513,12 @@ fn candidate(
         "cost_micro": cost_micro(d, facts.input_tokens, facts.output_tokens),
         "attempt": tried.map(|i| i + 1),
         "skipped": if tried.is_some() { None } else { skipped.or(Some("not reached")) },
+        // A full window names the limit that was full (seed 004's spill-over).
+        "limit": match skipped {
+            Some("rpm_full") if tried.is_none() => d.rpm.map(|n| json!({ "rpm": n })),
+            Some("tpm_full" | "tokens_exceed_limit") if tried.is_none() => d.tpm.map(|n| json!({ "tpm": n })),
+            _ => None,
+        },
     })
 }
 

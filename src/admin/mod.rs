@@ -11,6 +11,7 @@
 //! | `POST /admin/chains/{name}/sort/{smartest,fastest,budget}` | write | reorder a chain |
 //! | `POST /admin/keys` · `DELETE /admin/keys/{id}` | write | create a client key (returned once) · revoke one |
 //! | `GET /admin/usage?by=key\|user\|model\|provider&since=&until=` | read | the ledger's aggregates |
+//! | `POST`/`DELETE /admin/routing/examples` · `GET /admin/routing/status` | write · read | the knn router's pools (`crate::knn::admin`) |
 //!
 //! Tokens (`admin.token_env`, `admin.read_token_env`) come as `Authorization: Bearer`, compared
 //! in constant time over digests. With a token configured, a request without a valid one gets
@@ -230,6 +231,10 @@ impl ServeHttp for AdminApp {
             (_, ["admin", "keys", ..]) => {
                 keys::handle(&self.reloader, session, &method, &parts[1..]).await
             }
+            (_, ["admin", "routing", ..]) => {
+                crate::knn::admin::handle(self.reloader.router(), session, &method, &parts[1..])
+                    .await
+            }
             (&Method::GET, ["admin", "usage"]) => {
                 let query = session.req_header().uri.query().map(str::to_string);
                 usage::handle(self.ledger.as_deref(), query.as_deref()).await
@@ -274,14 +279,16 @@ impl AdminApp {
             .query()
             .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("key=")))
             .map(str::to_owned);
-        let headers = &session.req_header().headers;
-        let answer = crate::snapshot::explain::explain(
+        // Owned: a knn entry's embedding is awaited before the explanation.
+        let headers = session.req_header().headers.clone();
+        let answer = crate::snapshot::explain::explain_embedded(
             self.reloader.router(),
             surface,
             body,
-            |name| headers.get(name).map(http::HeaderValue::as_bytes),
+            &headers,
             key.as_deref(),
-        );
+        )
+        .await;
         json(200, &answer)
     }
 }

@@ -119,9 +119,31 @@ pub async fn admit(
                         .map(http::HeaderValue::as_bytes);
                     match access::check(ctx, &snapshot, &request, route) {
                         Err(refusal) => Err(refusal),
-                        Ok(()) => {
-                            planning::plan_request(session, ctx, runtime, request, own_replay)
-                        }
+                        Ok(()) => match planning::route_request(session, ctx, &request) {
+                            Err(refusal) => Err(refusal),
+                            Ok(mut routed) => {
+                                // The knn router decides before the plan is built (one
+                                // `Option` check when `routing_knn` is not configured; never
+                                // for an internal call, which would recurse).
+                                if snapshot.knn.is_some() && !ctx.internal {
+                                    let user =
+                                        access::key(ctx, &snapshot).and_then(|k| k.user.as_deref());
+                                    let ask =
+                                        crate::knn::Ask::read(&session.req_header().headers, user);
+                                    crate::knn::route(
+                                        runtime,
+                                        &snapshot,
+                                        &request,
+                                        ask,
+                                        &mut routed,
+                                    )
+                                    .await;
+                                }
+                                planning::plan_routed(
+                                    session, ctx, runtime, request, routed, own_replay,
+                                )
+                            }
+                        },
                     }
                 }
             },

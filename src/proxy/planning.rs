@@ -86,6 +86,17 @@ pub fn plan_request(
     request: CallerRequest,
     own_replay: bool,
 ) -> Result<Admitted, GatewayError> {
+    let routed = route_request(session, ctx, &request)?;
+    plan_routed(session, ctx, runtime, request, routed, own_replay)
+}
+
+/// The first half of [`plan_request`]: the route the request's headers, body and key lead to
+/// (a knn entry's order is decided between the halves, by `crate::knn`).
+pub fn route_request(
+    session: &Session,
+    ctx: &RequestCtx,
+    request: &CallerRequest,
+) -> Result<decide::Routed, GatewayError> {
     let snapshot = &*ctx.snapshot;
     let headers = &session.req_header().headers;
     let value = |name: &http::HeaderName| headers.get(name).map(http::HeaderValue::as_bytes);
@@ -96,9 +107,24 @@ pub fn plan_request(
     )
     .map_err(|why| GatewayError::new(ErrorCode::InvalidRequest, why))?;
     let seed = stable_hash(ctx.request_id.as_bytes());
-    let mut steering = steering_headers.steer(ctx.surface, &request, seed);
+    let mut steering = steering_headers.steer(ctx.surface, request, seed);
     steering.key = access::facts(ctx, snapshot);
-    let routed = decide::route(snapshot, &steering).map_err(|e| e.answer(&request))?;
+    decide::route(snapshot, &steering).map_err(|e| e.answer(request))
+}
+
+/// The second half of [`plan_request`]: the plan of a routed request, its rules and first
+/// target.
+pub fn plan_routed(
+    session: &Session,
+    ctx: &RequestCtx,
+    runtime: &Runtime,
+    request: CallerRequest,
+    routed: decide::Routed,
+    own_replay: bool,
+) -> Result<Admitted, GatewayError> {
+    let snapshot = &*ctx.snapshot;
+    let headers = &session.req_header().headers;
+    let seed = stable_hash(ctx.request_id.as_bytes());
     let route = snapshot.route(routed.route);
     let failover = &snapshot.failover;
     let mut rules = RetryRules {

@@ -11,6 +11,7 @@
 
 pub mod decide;
 pub mod key;
+pub mod knn;
 pub mod lead;
 pub mod plan;
 pub mod policy;

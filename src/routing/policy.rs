@@ -71,6 +71,36 @@ pub enum EntryRouter {
     Fixed(RouteIdx),
     /// One route per tier (simple, medium, complex), that tier first.
     Complexity([RouteIdx; 3]),
+    /// A knn entry: one route per order of its targets, chosen per request by `crate::knn`.
+    Knn(KnnRoutes),
+}
+
+/// A knn entry's routes: every order of its targets (`orders[rank(order)]`, see
+/// [`super::knn::rank`]; at most 5! = 120), and the route the `default` leads (then the
+/// targets in the order written), taken whenever the router cannot decide.
+#[derive(Debug)]
+pub struct KnnRoutes {
+    /// The targets' models (indices into the catalog's models), in the order written.
+    pub models: Vec<usize>,
+    /// Their names, in the same order (what examples score).
+    pub names: Vec<Arc<str>>,
+    pub default: usize,
+    pub orders: Vec<RouteIdx>,
+    pub fallback: RouteIdx,
+}
+
+impl KnnRoutes {
+    /// The route that tries the targets in `order` (indices into `models`); the fallback for
+    /// an order that is not a whole permutation.
+    pub fn route(&self, order: &[usize]) -> RouteIdx {
+        if order.len() != self.models.len() {
+            return self.fallback;
+        }
+        self.orders
+            .get(super::knn::rank(order))
+            .copied()
+            .unwrap_or(self.fallback)
+    }
 }
 
 /// How an entry's route was chosen for one request, for explain and the routing reason.
@@ -82,8 +112,10 @@ pub enum Pick {
     Tier(usize),
     /// The only order of a priority or strategy entry.
     Fixed,
-    /// `x-llm-router: off`: the targets in the order written.
+    /// `x-llm-router: off`: the targets in the order written (a knn entry: its `default`).
     RouterOff,
+    /// A knn entry: how its order was chosen (`Pending` until `crate::knn` decides).
+    Knn(super::knn::KnnOutcome),
 }
 
 /// What a policy chose for one request.
@@ -125,6 +157,9 @@ impl PolicyTable {
             EntryRouter::Fixed(r) => (*r, Pick::Fixed),
             EntryRouter::Weighted { routes, .. } if router_off => (routes[0], Pick::RouterOff),
             EntryRouter::Complexity(routes) if router_off => (routes[0], Pick::RouterOff),
+            EntryRouter::Knn(k) if router_off => (k.fallback, Pick::RouterOff),
+            // The default's route until the request path has decided (it awaits an embedding).
+            EntryRouter::Knn(k) => (k.fallback, Pick::Knn(super::knn::KnnOutcome::Pending)),
             EntryRouter::Weighted {
                 routes,
                 weights,
@@ -333,6 +368,38 @@ fn compile_router(b: &mut Builder<'_>, p: &PolicyConfig, router: &RouterConfig) 
                 [*complex, *medium, *simple],
             ];
             EntryRouter::Complexity(orders.map(|o| policy_route(b, p, &o, None)))
+        }
+        RouterConfig::Knn { targets, default } => {
+            let models: Vec<usize> = targets.iter().map(|t| t.model).collect();
+            let n = models.len();
+            let orders = (0..super::knn::factorial(n))
+                .map(|i| {
+                    let order: Vec<usize> = super::knn::unrank(i, n)
+                        .into_iter()
+                        .map(|t| models[t])
+                        .collect();
+                    policy_route(b, p, &order, None)
+                })
+                .collect();
+            let mut lead = vec![*default];
+            lead.extend(models.iter().copied().filter(|m| m != default));
+            let fallback = policy_route(b, p, &lead, None);
+            let names = models
+                .iter()
+                .map(|&m| {
+                    b.catalog
+                        .models
+                        .get(m)
+                        .map_or_else(|| Arc::from("?"), |m| m.name.clone())
+                })
+                .collect();
+            EntryRouter::Knn(KnnRoutes {
+                models,
+                names,
+                default: *default,
+                orders,
+                fallback,
+            })
         }
     }
 }

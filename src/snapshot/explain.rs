@@ -30,13 +30,55 @@ use crate::routing::scoring::cost_micro;
 
 /// Explain a request given as a body and its headers (by lower-case name), as the client key
 /// `key_id` would send it when one is named (its `allowed_models`, and its facts for
-/// conditions; its rate limits and budget are not consumed).
+/// conditions; its rate limits and budget are not consumed). A knn entry decides without an
+/// embedding here (`knn=embed_failed`, or `cold`): [`explain_embedded`] makes one first.
 pub fn explain<'a>(
     router: &Runtime,
     surface: Surface,
     body: Bytes,
     header: impl Fn(&str) -> Option<&'a [u8]>,
     key_id: Option<&str>,
+) -> Value {
+    explain_with(router, surface, body, header, key_id, None)
+}
+
+/// [`explain`], with the embedding a knn entry needs made first (through the gateway's own
+/// plan, as on the proxy) when the request would be decided by one: the admin endpoint's.
+pub async fn explain_embedded(
+    router: &Runtime,
+    surface: Surface,
+    body: Bytes,
+    headers: &http::HeaderMap,
+    key_id: Option<&str>,
+) -> Value {
+    let header = |name: &str| headers.get(name).map(http::HeaderValue::as_bytes);
+    let mut vector = None;
+    if router.snapshot.load().knn.is_some() {
+        if let Ok(request) = CallerRequest::parse(surface, body.clone()) {
+            let tables = router.snapshot.load_full();
+            let pending = SteeringHeaders::read(
+                header("x-llm-route"),
+                header("x-llm-router"),
+                header("x-llm-metadata"),
+            )
+            .ok()
+            .and_then(|h| decide::route(&tables, &h.steer(surface, &request, 0)).ok())
+            .is_some_and(|r| r.knn_pending());
+            vector = crate::knn::explain_vector(router, &request, pending).await;
+        }
+    }
+    explain_with(router, surface, body, header, key_id, Some(vector))
+}
+
+/// [`explain`] with the knn embedding given: `Some(None)` when one was asked for and could not
+/// be made, `None` when none was asked for.
+fn explain_with<'a>(
+    router: &Runtime,
+    surface: Surface,
+    body: Bytes,
+    header: impl Fn(&str) -> Option<&'a [u8]>,
+    key_id: Option<&str>,
+    knn_vector: Option<Option<Vec<f32>>>,
 ) -> Value {
     let tables = router.snapshot.load_full();
     let request = match CallerRequest::parse(surface, body) {
@@ -83,10 +125,22 @@ pub fn explain<'a>(
         routing: k.routing.as_ref(),
     });
     let key_routing = key.and_then(|k| k.routing.as_ref());
-    let routed = match decide::route(&tables, &steering) {
+    let mut routed = match decide::route(&tables, &steering) {
         Ok(r) => r,
         Err(e) => return error(&e.answer(&request)),
     };
+    if routed.knn_pending() {
+        let ask = crate::knn::Ask::from_lookup(&header, key.and_then(|k| k.user.as_deref()));
+        let vector = knn_vector.flatten();
+        crate::knn::explain_decide(
+            router,
+            &tables,
+            &request,
+            &ask,
+            vector.as_deref(),
+            &mut routed,
+        );
+    }
     let env = PlanEnv {
         catalog: &tables.catalog,
         health: &tables.health,
@@ -357,6 +411,7 @@ fn via(
                 }
                 Pick::Fixed => json!("fixed"),
                 Pick::RouterOff => json!("router_off"),
+                Pick::Knn(outcome) => json!({ "knn": outcome.as_str() }),
             };
             json!({
                 "kind": "policy",
@@ -370,6 +425,7 @@ fn via(
                 },
                 "shares": shares,
                 "pick": pick,
+                "knn": crate::knn::explain_json(tables, routed),
                 "max_attempts": p.max_attempts,
                 "failover_on_client_error": p.failover_on_client_error,
             })

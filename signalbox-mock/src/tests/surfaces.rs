@@ -776,7 +776,10 @@ async fn embeddings_carry_meaning_prompts_sharing_words_are_near() {
     let dot = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(p, q)| p * q).sum::<f64>();
     assert!((dot(&a, &a) - 1.0).abs() < 1e-9, "unit length");
     assert!(dot(&a, &b) > 0.4, "shared words: near ({})", dot(&a, &b));
-    assert!(dot(&a, &far).abs() < dot(&a, &b) / 2.0, "no shared words: far");
+    assert!(
+        dot(&a, &far).abs() < dot(&a, &b) / 2.0,
+        "no shared words: far"
+    );
 }
 
 #[tokio::test]

@@ -412,23 +412,22 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    #[tokio::test]
-    async fn examples_survive_a_reopen_and_pools_stay_bounded() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("ledger.db");
+    /// Teach, bound, forget, close, reopen: what was kept is loaded back, oldest first.
+    async fn survives_a_reopen(target: impl Fn() -> LedgerTarget) {
         let key = |task: Option<&str>| PoolKey {
             policy: "smart".into(),
             user: None,
             task: task.map(str::to_string),
         };
         {
-            let store = ExampleStore::open(LedgerTarget::Sqlite(path.clone())).unwrap();
+            let store = ExampleStore::open(target()).unwrap();
             let ex = |x: f32| (vec![x, 0.5], vec![(Arc::from("a"), 0.25)]);
             let ids = store
                 .insert(key(None), &[ex(1.0), ex(2.0), ex(3.0)], 2)
                 .await
                 .unwrap();
             assert_eq!(ids.len(), 3);
+            assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
             store
                 .insert(key(Some("code")), &[ex(9.0)], 2)
                 .await
@@ -439,7 +438,7 @@ mod tests {
                 .unwrap();
             store.forget(key(Some("gone"))).await.unwrap();
         }
-        let store = ExampleStore::open(LedgerTarget::Sqlite(path)).unwrap();
+        let store = ExampleStore::open(target()).unwrap();
         let rows = store.load_blocking().unwrap();
         let vectors: Vec<(Option<String>, Vec<f32>)> = rows
             .iter()
@@ -454,5 +453,51 @@ mod tests {
             ]
         );
         assert_eq!(rows[0].scores, [("a".to_string(), 0.25)]);
+    }
+
+    #[tokio::test]
+    async fn examples_survive_a_reopen_and_pools_stay_bounded_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db");
+        survives_a_reopen(|| LedgerTarget::Sqlite(path.clone())).await;
+    }
+
+    /// The same on PostgreSQL, in a database of its own (`SIGNALBOX_TEST_POSTGRES_URL`, as the
+    /// ledger's tests; CI sets it).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn examples_survive_a_reopen_and_pools_stay_bounded_on_postgres() {
+        let Ok(admin_url) = std::env::var("SIGNALBOX_TEST_POSTGRES_URL") else {
+            assert!(
+                std::env::var_os("SIGNALBOX_CI").is_none(),
+                "SIGNALBOX_CI is set and SIGNALBOX_TEST_POSTGRES_URL is not: the PostgreSQL test may not skip"
+            );
+            println!("skipped: SIGNALBOX_TEST_POSTGRES_URL is not set");
+            return;
+        };
+        let name = format!("sb_knn_{}", std::process::id());
+        let admin = admin_url.clone();
+        let (drop_first, create) = (
+            format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            format!("CREATE DATABASE {name}"),
+        );
+        tokio::task::spawn_blocking(move || {
+            let mut c = postgres::Client::connect(&admin, postgres::NoTls).unwrap();
+            c.batch_execute(&drop_first).unwrap();
+            c.batch_execute(&create).unwrap();
+        })
+        .await
+        .unwrap();
+        let (scheme, rest) = admin_url.split_once("://").unwrap();
+        let (authority, _) = rest.split_once('/').unwrap_or((rest, ""));
+        let url = format!("{scheme}://{authority}/{name}");
+        survives_a_reopen(|| LedgerTarget::Postgres { url: url.clone() }).await;
+        let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+        tokio::task::spawn_blocking(move || {
+            if let Ok(mut c) = postgres::Client::connect(&admin_url, postgres::NoTls) {
+                let _ = c.batch_execute(&drop);
+            }
+        })
+        .await
+        .unwrap();
     }
 }

@@ -223,6 +223,12 @@ async fn router_off_serves_the_default_without_embedding() {
     assert!(reason.contains("knn=router_off"), "{reason}");
     assert_eq!(w.code.calls(), 0);
     assert_eq!(w.emb.calls_to(Endpoint::Embeddings), 1, "the lesson's only");
+    // A request that names a model, not the knn policy, is not embedded either.
+    let r = post_chat(&w.gw, &chat("coder")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-llm-provider"), "code");
+    assert!(!header(&r, "x-llm-routing-reason").contains("knn="));
+    assert_eq!(w.emb.calls_to(Endpoint::Embeddings), 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -266,9 +266,23 @@ fn param(query: Option<&str>, name: &str) -> Option<String> {
 
 async fn forget(runtime: &Runtime, query: Option<&str>) -> Response<Vec<u8>> {
     let snapshot = runtime.snapshot.load_full();
-    let policy = match policy(&snapshot, param(query, "policy").as_deref()) {
-        Ok(p) => p,
-        Err(refusal) => return refusal,
+    let named = param(query, "policy").map(|p| p.to_ascii_lowercase());
+    // A pool of a policy that no longer has a knn entry (loaded from the store) can still be
+    // forgotten by naming it.
+    let stale = named.as_ref().filter(|p| {
+        runtime
+            .knn
+            .pools()
+            .list()
+            .iter()
+            .any(|(k, _)| &k.policy == *p)
+    });
+    let policy = match stale {
+        Some(p) => p.clone(),
+        None => match policy(&snapshot, named.as_deref()) {
+            Ok(p) => p,
+            Err(refusal) => return refusal,
+        },
     };
     let key = PoolKey {
         policy,

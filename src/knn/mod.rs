@@ -163,6 +163,12 @@ fn selected<'s>(snapshot: &'s Snapshot, routed: &Routed) -> Option<Selected<'s>>
     }
 }
 
+/// Whether the request selected a knn entry (to decide, or switched off): only then does
+/// [`route`] have anything to do.
+pub fn applies(snapshot: &Snapshot, routed: &Routed) -> bool {
+    selected(snapshot, routed).is_some()
+}
+
 /// The request path's step (see the module doc). Runs only when the snapshot has `routing_knn`.
 pub async fn route(
     runtime: &Runtime,

@@ -121,11 +121,14 @@ pub async fn admit(
                         Err(refusal) => Err(refusal),
                         Ok(()) => match planning::route_request(session, ctx, &request) {
                             Err(refusal) => Err(refusal),
-                            Ok(mut routed) => {
+                            Ok((mut routed, seed)) => {
                                 // The knn router decides before the plan is built (one
                                 // `Option` check when `routing_knn` is not configured; never
                                 // for an internal call, which would recurse).
-                                if snapshot.knn.is_some() && !ctx.internal {
+                                if snapshot.knn.is_some()
+                                    && !ctx.internal
+                                    && crate::knn::applies(&snapshot, &routed)
+                                {
                                     let user =
                                         access::key(ctx, &snapshot).and_then(|k| k.user.as_deref());
                                     let ask =
@@ -140,7 +143,7 @@ pub async fn admit(
                                     .await;
                                 }
                                 planning::plan_routed(
-                                    session, ctx, runtime, request, routed, own_replay,
+                                    session, ctx, runtime, request, routed, seed, own_replay,
                                 )
                             }
                         },

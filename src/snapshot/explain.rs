@@ -10,7 +10,10 @@
 //! with its reason, and the order the attempts would take if each failed. Explained as a
 //! client key (`?key=<id>`), the key's own routing is applied as on the proxy and shown
 //! (`key_routing`: its fields, which of them this request left in force), and the guardrail
-//! profiles it would run with their modes (`guardrails`). `POST
+//! profiles it would run with their modes (`guardrails`). A knn entry's decision (`via.knn`:
+//! the outcome, the neighbours' similarities, each target's predicted quality, cost term and
+//! utility) is made as on the proxy, with the request embedded first by the admin endpoint
+//! ([`explain_embedded`]; the command line has no listener to embed through). `POST
 //! /admin/explain` returns it; `signalbox explain` prints it.
 
 use crate::catalog::surface::Surface;
@@ -486,6 +489,25 @@ pub fn render_text(v: &Value) -> String {
                 "not healthy now"
             }
         );
+    }
+    if let Some(knn) = v["via"]["knn"].as_object() {
+        let _ = writeln!(
+            out,
+            "knn:      {} (pool {}, {} examples)",
+            knn["outcome"].as_str().unwrap_or("?"),
+            knn["pool"].as_str().unwrap_or("?"),
+            knn["examples"],
+        );
+        for t in knn["targets"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "  {}: predicted quality {:.2}, cost term {:.2}, utility {:.2}",
+                t["model"].as_str().unwrap_or("?"),
+                t["predicted_quality"].as_f64().unwrap_or(0.0),
+                t["cost_term"].as_f64().unwrap_or(0.0),
+                t["utility"].as_f64().unwrap_or(0.0),
+            );
+        }
     }
     for g in v["guardrails"].as_array().into_iter().flatten() {
         let _ = writeln!(

@@ -452,6 +452,56 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_knn_entry_has_a_route_per_order_and_one_led_by_its_default() {
+        let t = crate::testing::Fixture::new(
+            r#"
+providers:
+  p: { kind: openai, base_url: "http://127.0.0.1:1/v1" }
+models:
+  a: { deployments: [{ provider: p, model: up-a }] }
+  b: { deployments: [{ provider: p, model: up-b }] }
+  c: { deployments: [{ provider: p, model: up-c }] }
+  d: { deployments: [{ provider: p, model: up-d }] }
+  e: { deployments: [{ provider: p, model: up-e }] }
+policies:
+  k:
+    select: [ { router: knn, targets: [ { model: a }, { model: b }, { model: c } ], default: d } ]
+    on_failure: [ e ]
+routing_knn: { embedding_model: e }
+"#,
+        )
+        .route_table();
+        let p = t.policy(t.policy_by_name("k").expect("k"));
+        let EntryRouter::Knn(k) = &p.entries[0].router else {
+            panic!("a knn entry");
+        };
+        assert_eq!(k.orders.len(), 6);
+        let upstream = |r: RouteIdx| -> Vec<String> {
+            t.route(r)
+                .candidates
+                .iter()
+                .map(|d| t.catalog.deployment(*d).upstream_model.to_string())
+                .collect()
+        };
+        assert_eq!(
+            upstream(k.route(&[2, 0, 1])),
+            ["up-c", "up-a", "up-b", "up-e"]
+        );
+        assert_eq!(
+            upstream(k.route(&[0, 1, 2])),
+            ["up-a", "up-b", "up-c", "up-e"]
+        );
+        // The default first, then the targets as written, then on_failure.
+        assert_eq!(
+            upstream(k.fallback),
+            ["up-d", "up-a", "up-b", "up-c", "up-e"]
+        );
+        assert_eq!(k.route(&[0, 1]), k.fallback, "not a whole order");
+        let names: Vec<&str> = k.names.iter().map(|n| &**n).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+    }
+
+    #[test]
     fn draws_follow_the_normalised_weights_and_skip_the_unweighted() {
         let weights = [0.7, 0.0, 0.3];
         let mut counts = [0; 3];

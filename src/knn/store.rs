@@ -111,7 +111,39 @@ impl std::fmt::Debug for ExampleStore {
 
 enum Db {
     Sqlite(rusqlite::Connection),
-    Postgres(Box<postgres::Client>),
+    Postgres(Box<Pg>),
+}
+
+/// A PostgreSQL connection, made again on the next command after it broke.
+struct Pg {
+    config: postgres::Config,
+    client: Option<postgres::Client>,
+}
+
+impl Pg {
+    fn client(&mut self) -> Result<&mut postgres::Client, StoreError> {
+        if self.client.as_ref().is_none_or(postgres::Client::is_closed) {
+            self.client = None;
+            let client = self
+                .config
+                .connect(postgres::NoTls)
+                .map_err(|e| StoreError::Db(scrub(&e, &self.config)))?;
+            self.client = Some(client);
+        }
+        self.client.as_mut().ok_or(StoreError::Closed)
+    }
+
+    /// A query's error, the connection dropped when it is the connection's.
+    fn failed(&mut self, e: &postgres::Error) -> StoreError {
+        if self
+            .client
+            .as_ref()
+            .is_some_and(postgres::Client::is_closed)
+        {
+            self.client = None;
+        }
+        StoreError::Db(scrub(e, &self.config))
+    }
 }
 
 impl ExampleStore {
@@ -210,13 +242,13 @@ fn open_db(target: LedgerTarget) -> Result<Db, StoreError> {
             if config.get_connect_timeout().is_none() {
                 config.connect_timeout(Duration::from_secs(10));
             }
-            let mut client = config
-                .connect(postgres::NoTls)
-                .map_err(|e| StoreError::Db(scrub(&e, &config)))?;
-            client
-                .batch_execute(PG_SCHEMA)
-                .map_err(|e| StoreError::Db(scrub(&e, &config)))?;
-            Ok(Db::Postgres(Box::new(client)))
+            let mut pg = Pg {
+                config,
+                client: None,
+            };
+            let created = pg.client()?.batch_execute(PG_SCHEMA);
+            created.map_err(|e| pg.failed(&e))?;
+            Ok(Db::Postgres(Box::new(pg)))
         }
     }
 }
@@ -322,9 +354,8 @@ impl Db {
                 rows.collect::<Result<Vec<_>, _>>()
             })()
             .map_err(|e| StoreError::Db(e.to_string())),
-            Db::Postgres(c) => c
-                .query(SELECT_ALL, &[])
-                .and_then(|rows| {
+            Db::Postgres(pg) => {
+                let answer = pg.client()?.query(SELECT_ALL, &[]).and_then(|rows| {
                     rows.iter()
                         .map(|r| {
                             let user: String = r.try_get(2)?;
@@ -341,8 +372,9 @@ impl Db {
                             ))
                         })
                         .collect()
-                })
-                .map_err(|e| StoreError::Db(e.to_string())),
+                });
+                answer.map_err(|e| pg.failed(&e))
+            }
         }
     }
 
@@ -373,21 +405,24 @@ impl Db {
                 Ok(ids)
             })()
             .map_err(|e: rusqlite::Error| StoreError::Db(e.to_string())),
-            Db::Postgres(c) => (|| {
-                let mut tx = c.transaction()?;
-                let mut ids = Vec::with_capacity(rows.len());
-                for (scores, vector, dims) in rows {
-                    let row = tx.query_one(
-                        INSERT_PG,
-                        &[&key.policy, &user, &task, &time, scores, dims, vector],
-                    )?;
-                    ids.push(row.try_get(0)?);
-                }
-                tx.execute(BOUND, &[&key.policy, &user, &task, &max])?;
-                tx.commit()?;
-                Ok(ids)
-            })()
-            .map_err(|e: postgres::Error| StoreError::Db(e.to_string())),
+            Db::Postgres(pg) => {
+                let c = pg.client()?;
+                let answer = (|| {
+                    let mut tx = c.transaction()?;
+                    let mut ids = Vec::with_capacity(rows.len());
+                    for (scores, vector, dims) in rows {
+                        let row = tx.query_one(
+                            INSERT_PG,
+                            &[&key.policy, &user, &task, &time, scores, dims, vector],
+                        )?;
+                        ids.push(row.try_get(0)?);
+                    }
+                    tx.execute(BOUND, &[&key.policy, &user, &task, &max])?;
+                    tx.commit()?;
+                    Ok(ids)
+                })();
+                answer.map_err(|e: postgres::Error| pg.failed(&e))
+            }
         }
     }
 
@@ -399,10 +434,10 @@ impl Db {
                 .execute(FORGET, rusqlite::params![key.policy, user, task])
                 .map(|_| ())
                 .map_err(|e| StoreError::Db(e.to_string())),
-            Db::Postgres(c) => c
-                .execute(FORGET, &[&key.policy, &user, &task])
-                .map(|_| ())
-                .map_err(|e| StoreError::Db(e.to_string())),
+            Db::Postgres(pg) => {
+                let answer = pg.client()?.execute(FORGET, &[&key.policy, &user, &task]);
+                answer.map(|_| ()).map_err(|e| pg.failed(&e))
+            }
         }
     }
 }

@@ -218,13 +218,8 @@ pub async fn route(
             return;
         }
     }
-    let policy_name = snapshot
-        .policy(crate::routing::policy::PolicyIdx(
-            u32::try_from(sel.policy).unwrap_or(u32::MAX),
-        ))
-        .name
-        .clone();
-    let (pool, used, seen) = choose_pool(runtime, &settings.config, &policy_name, &ask);
+    let policy_name = &snapshot.policies[sel.policy].name;
+    let (pool, used, seen) = choose_pool(runtime, &settings.config, policy_name, &ask);
     let vector = match &pool {
         None => None,
         Some(_) => embed(runtime, &settings.config, request).await,
@@ -361,8 +356,8 @@ pub fn explain_decide(
     let Some(sel) = selected(snapshot, routed) else {
         return;
     };
-    let policy_name = snapshot.policies[sel.policy].name.clone();
-    let (pool, used, seen) = choose_pool(runtime, &settings.config, &policy_name, ask);
+    let policy_name = &snapshot.policies[sel.policy].name;
+    let (pool, used, seen) = choose_pool(runtime, &settings.config, policy_name, ask);
     let candidates = candidates(snapshot, sel.routes, request);
     let mut top = TopK::new();
     let report = rule::decide(

@@ -12,6 +12,12 @@
 //! `SIGNALBOX_BENCH_ANN_DIMS=1536` measures it at full size.
 //!
 //! Run: `cargo bench --bench knn` (`-- --warm-up-time 1 --measurement-time 3` for a quick pass).
+//!
+//! Measured 2026-12-02 on the 2-core development VM shared with two other builds (profile
+//! `profiling`: optimised, no LTO), quick pass: exact top-5 over 1,000 × 1,536 in 191 µs (the
+//! naive sort 1.45 ms), over 10,000 × 1,536 in 3.93 ms (naive 14.7 ms); the whole decision at
+//! 10,000 in 4.34 ms; at 50,000 × 384 the HNSW index answers in 387 µs against the exact scan's
+//! 5.57 ms, recall@5 = 1.000 over 64 queries (graph built in 57.5 s).
 
 use std::hint::black_box;
 use std::sync::Arc;

@@ -36,7 +36,9 @@
 //!   verdict), accounting.
 //! - [`guardrails`]: input checks (patterns, a provider's moderation, a classifier model) run
 //!   once before a request's first attempt; [`recommend`]: `POST /v1/routing/recommend`, a
-//!   decision model choosing among candidates.
+//!   decision model choosing among candidates; [`knn`]: the learned router at work — a
+//!   request's embedding and pool before its plan, taught examples, their store (the pure
+//!   decision is `routing::knn`).
 //! - [`ledger`]: one row per attempt on SQLite or PostgreSQL, written by a background thread
 //!   from a bounded queue, and the aggregates read back (admin usage, spend at start).
 //! - [`state`]: counters and cooldowns shared across replicas (Redis, or in process), synced
@@ -69,6 +71,7 @@ pub mod guardrails;
 pub mod health;
 pub mod internal;
 pub mod keys;
+pub mod knn;
 pub mod ledger;
 pub mod lifecycle;
 pub mod limits;

@@ -142,19 +142,7 @@ pub fn open_accounts(
     let ledger = match &config.ledger {
         None => None,
         Some(l) => {
-            let target = match &l.store {
-                LedgerStore::Sqlite(path) => LedgerTarget::Sqlite(match config_dir {
-                    Some(dir) if path.is_relative() => dir.join(path),
-                    _ => path.clone(),
-                }),
-                LedgerStore::PostgresEnv(name) => LedgerTarget::Postgres {
-                    url: std::env::var(name).map_err(|_| {
-                        StartupError::State(format!(
-                            "ledger.postgres_url_env: environment variable {name} is not set"
-                        ))
-                    })?,
-                },
-            };
+            let target = ledger_target(&l.store, config_dir)?;
             let options = LedgerOptions {
                 queue: l.queue,
                 batch: l.batch,
@@ -170,6 +158,22 @@ pub fn open_accounts(
             Some(ledger)
         }
     };
+    // The knn router's examples live beside the ledger (memory only without one).
+    if let Some(l) = &config.ledger {
+        let store = crate::knn::store::ExampleStore::open(ledger_target(&l.store, config_dir)?)
+            .map_err(|e| StartupError::State(e.to_string()))?;
+        let knn = &state.router.knn;
+        knn.set_store(Arc::new(store));
+        let max = config
+            .checks
+            .knn
+            .as_ref()
+            .map_or(crate::config::defaults::KNN_MAX_EXAMPLES_PER_POOL, |k| {
+                k.max_examples_per_pool
+            });
+        let loaded = knn.load(max).map_err(StartupError::State)?;
+        tracing::info!(examples = loaded, "knn router: examples loaded");
+    }
     state
         .metrics
         .register(Box::new(LedgerCollector::new(ledger.clone())?))?;
@@ -212,6 +216,27 @@ pub fn open_accounts(
         ledger,
         state: Arc::new(sync),
         shared,
+    })
+}
+
+/// Where the ledger (and the knn router's examples) live: a relative SQLite path beside the
+/// config file, a PostgreSQL URL from its environment variable.
+fn ledger_target(
+    store: &LedgerStore,
+    config_dir: Option<&std::path::Path>,
+) -> Result<LedgerTarget, StartupError> {
+    Ok(match store {
+        LedgerStore::Sqlite(path) => LedgerTarget::Sqlite(match config_dir {
+            Some(dir) if path.is_relative() => dir.join(path),
+            _ => path.clone(),
+        }),
+        LedgerStore::PostgresEnv(name) => LedgerTarget::Postgres {
+            url: std::env::var(name).map_err(|_| {
+                StartupError::State(format!(
+                    "ledger.postgres_url_env: environment variable {name} is not set"
+                ))
+            })?,
+        },
     })
 }
 

@@ -223,3 +223,54 @@ fn the_readme_guardrails_example_is_valid() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The Learned routing section's example (`routing_knn` with every key, a knn policy) is a
+/// valid config with the demo's providers and models (its embedding model included).
+#[test]
+fn the_readme_learned_routing_example_is_valid() {
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    let section = readme.split("\n## Learned routing\n").nth(1).unwrap();
+    let yaml = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .unwrap();
+    assert!(yaml.contains("routing_knn:") && yaml.contains("router: knn"));
+    let conf = std::fs::read_to_string("conf/signalbox.yaml").unwrap();
+    // The shipped config's policies and rules (which name them) replaced by the README's, and
+    // its own `routing_knn` (at the end, after the guardrails) left out.
+    let policies = conf.find("\npolicies:").unwrap();
+    let bounds = conf.find("\n# Bounds on one request").unwrap();
+    let guardrails = conf.find("\n# Guardrails:").unwrap();
+    let text = format!("{}\n{yaml}{}", &conf[..policies], &conf[bounds..guardrails]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("readme-knn.yaml");
+    std::fs::write(&path, text).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_signalbox"))
+        .args(["-t", "-c", path.to_str().unwrap()])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let broken = format!(
+        "{}\n{}{}",
+        &conf[..policies],
+        yaml.replace("embedding_model: text-embed", "embedding_model: nope"),
+        &conf[bounds..guardrails]
+    );
+    std::fs::write(&path, broken).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_signalbox"))
+        .args(["-t", "-c", path.to_str().unwrap()])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("routing_knn.embedding_model"), "{text}");
+}

@@ -33,8 +33,10 @@
 //!   streamed, a first chunk names the function (with the role) and the arguments follow
 //!   over `chunks` chunks.
 //! - **Completions**: `text_completion` JSON or SSE, like chat with `choices[].text`.
-//! - **Embeddings**: one 8-dimension vector per input (a string, a token array, or an array of
-//!   either), fixed for each position in the list; never streamed.
+//! - **Embeddings**: one vector per input (a string, a token array, or an array of either) that
+//!   carries meaning: a hashed bag of the input's lower-cased words (token ids as words),
+//!   L2-normalised, of the request's `dimensions` (default 256), so inputs sharing words are
+//!   near and the same input always gets the same vector; never streamed.
 //! - **Responses**: a `response` object with one `message` output item (`output_text`), or with
 //!   tools one `function_call` item; SSE `event:` + `data:` events, each with a `type` and a
 //!   `sequence_number`: `response.created`, `response.in_progress`,

@@ -179,6 +179,59 @@ fn last_turn_is_a_tool_result(req: &SecondPass) -> bool {
         == Some("function_call_output")
 }
 
+/// An embeddings request's inputs as text, one per vector: a string, a list of strings, one
+/// token array, or a list of token arrays (token ids become words `t<id>`).
+pub(super) fn embedding_texts(body: &[u8]) -> Vec<String> {
+    #[derive(Deserialize)]
+    struct Embeddings {
+        #[serde(default)]
+        input: Option<Value>,
+    }
+    let tokens = |items: &[Value]| {
+        items
+            .iter()
+            .map(|t| format!("t{t}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    match serde_json::from_slice::<Embeddings>(body)
+        .ok()
+        .and_then(|e| e.input)
+    {
+        Some(Value::String(s)) => vec![s],
+        Some(Value::Array(items)) if items.iter().all(Value::is_number) => {
+            if items.is_empty() {
+                Vec::new()
+            } else {
+                vec![tokens(&items)]
+            }
+        }
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|item| match item {
+                Value::String(s) => s.clone(),
+                Value::Array(t) => tokens(t),
+                _ => String::new(),
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// An embeddings request's `dimensions`, when it names a positive number.
+pub(super) fn embedding_dimensions(body: &[u8]) -> Option<usize> {
+    #[derive(Deserialize)]
+    struct Embeddings {
+        #[serde(default)]
+        dimensions: Option<u64>,
+    }
+    serde_json::from_slice::<Embeddings>(body)
+        .ok()?
+        .dimensions
+        .and_then(|d| usize::try_from(d).ok())
+        .filter(|d| *d > 0)
+}
+
 /// Whether each moderation input (`input`: a string, or a list of strings) contains one of
 /// `words` (lower-cased), in any letter case; one entry per input.
 pub(super) fn moderation_flags(body: &[u8], words: &[String]) -> Vec<bool> {

@@ -661,6 +661,14 @@ impl Conn {
                 Endpoint::Moderations => crate::request::moderation_flags(body, &sh.flag_words),
                 _ => Vec::new(),
             },
+            embedding_texts: match endpoint {
+                Endpoint::Embeddings => crate::request::embedding_texts(body),
+                _ => Vec::new(),
+            },
+            embedding_dimensions: match endpoint {
+                Endpoint::Embeddings => crate::request::embedding_dimensions(body),
+                _ => None,
+            },
         };
         behave::act(io, &mut self.w, &call, cx, behaviour).await
     }

@@ -12,6 +12,7 @@
 //! | `POST /admin/chains/{name}/sort/{smartest,fastest,budget}` | write | reorder a chain |
 //! | `POST /admin/keys` · `DELETE /admin/keys/{id}` | write | create a client key (returned once) · revoke one |
 //! | `GET /admin/usage?by=key\|user\|model\|provider&since=&until=` | read | the ledger's aggregates |
+//! | `POST`/`DELETE /admin/routing/examples` · `GET /admin/routing/status` | write · read | the knn router's pools (`crate::knn::admin`) |
 //!
 //! Tokens (`admin.token_env`, `admin.read_token_env`) come as `Authorization: Bearer`, compared
 //! in constant time over digests. With a token configured, a request without a valid one gets
@@ -231,6 +232,10 @@ impl ServeHttp for AdminApp {
             (_, ["admin", "keys", ..]) => {
                 keys::handle(&self.reloader, session, &method, &parts[1..]).await
             }
+            (_, ["admin", "routing", ..]) => {
+                crate::knn::admin::handle(self.reloader.router(), session, &method, &parts[1..])
+                    .await
+            }
             (&Method::GET, ["admin", "usage"]) => {
                 let query = session.req_header().uri.query().map(str::to_string);
                 usage::handle(self.ledger.as_deref(), query.as_deref()).await
@@ -279,19 +284,21 @@ impl AdminApp {
             key: key.as_deref(),
             ..Default::default()
         };
-        let headers = &session.req_header().headers;
+        // Owned: a knn entry's embedding is awaited before the explanation.
+        let headers = session.req_header().headers.clone();
         // A draft: `{"config": <document>, "request": {...}, "headers": {...}}`.
         let draft = serde_json::from_slice::<serde_json::Value>(&body)
             .ok()
             .filter(|v| v.get("config").is_some());
         let Some(draft) = draft else {
-            let answer = crate::snapshot::explain::explain(
+            let answer = crate::snapshot::explain::explain_embedded(
                 self.reloader.router(),
                 surface,
                 body,
-                |name| headers.get(name).map(http::HeaderValue::as_bytes),
+                &headers,
                 caller,
-            );
+            )
+            .await;
             return json(200, &answer);
         };
         let doc = match serde_yaml::to_value(&draft["config"]) {

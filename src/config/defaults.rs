@@ -48,6 +48,16 @@ pub const TRANSIENT_RETRIES: u32 = 0;
 /// `failover.transient_backoff` (and a policy's `retry.backoff`): the base of the jittered,
 /// doubling wait before a same-target retry.
 pub const TRANSIENT_BACKOFF: Duration = Duration::from_millis(100);
+/// `routing_knn` (DESIGN §10): neighbours, warm-up, cost weight, confidence floor, pool bound
+/// and the request embedding's deadline.
+pub const KNN_K: usize = 5;
+pub const KNN_WARMUP: usize = 20;
+pub const KNN_ALPHA: f64 = 0.5;
+pub const KNN_CONFIDENCE_FLOOR: f64 = 0.1;
+pub const KNN_MAX_EXAMPLES_PER_POOL: usize = 10_000;
+pub const KNN_EMBED_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a conversation keeps its knn decision (`granularity: conversation`).
+pub const KNN_CONVERSATION_TTL: Duration = Duration::from_secs(3600);
 /// How long a guardrail check may take (`guardrails.profiles.<name>.timeout`).
 pub const GUARDRAIL_TIMEOUT: Duration = Duration::from_secs(2);
 /// A policy's `retry.on_status`: the statuses that take its same-target retries (and

@@ -46,6 +46,7 @@ pub use types::{
     ChecksConfig, GuardrailCheck, GuardrailMode, GuardrailProfile, GuardrailUse, GuardrailsConfig,
     RecommendConfig,
 };
+pub use types::{KnnConfig, KnnGranularity};
 pub use validate::headers::{CREDENTIAL_HEADERS, GATEWAY_WRITTEN_HEADERS};
 pub use values::{is_upstream_model_name, parse_base_url, parse_size_text, AXIS_NAMES};
 

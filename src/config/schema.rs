@@ -79,6 +79,9 @@ pub struct ConfigFile {
     /// `POST /v1/routing/recommend`: which catalog model decides.
     #[serde(default)]
     pub recommend: Option<RecommendSection>,
+    /// The knn (learned) router's settings (DESIGN §10); needed by any `router: knn` entry.
+    #[serde(default)]
+    pub routing_knn: Option<RoutingKnnSection>,
 }
 
 /// `ledger`: one row per attempt, written off the request path.
@@ -701,6 +704,10 @@ pub struct SelectSection {
     pub tiers: Option<TiersSection>,
     #[serde(default)]
     pub strategy: Option<String>,
+    /// Router `knn`: the model that serves while the router cannot decide (a cold pool, a
+    /// failed embedding, low confidence, `x-llm-router: off`).
+    #[serde(default)]
+    pub default: Option<String>,
 }
 
 /// `select[].router`.
@@ -711,6 +718,7 @@ pub enum RouterKindSection {
     Priority,
     Complexity,
     Strategy,
+    Knn,
 }
 
 impl RouterKindSection {
@@ -720,6 +728,7 @@ impl RouterKindSection {
             RouterKindSection::Priority => "priority",
             RouterKindSection::Complexity => "complexity",
             RouterKindSection::Strategy => "strategy",
+            RouterKindSection::Knn => "knn",
         }
     }
 }
@@ -1086,4 +1095,28 @@ pub struct GuardrailUseSection {
 pub struct RecommendSection {
     /// The catalog chat model asked which candidate suits a task.
     pub decision_model: String,
+}
+
+/// `routing_knn` (DESIGN §10): how the knn router embeds, searches and weighs. Every key but
+/// `embedding_model` has a default (`config::defaults`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingKnnSection {
+    /// A catalog model served over `/v1/embeddings`.
+    pub embedding_model: String,
+    #[serde(default)]
+    pub k: Option<u64>,
+    #[serde(default)]
+    pub warmup: Option<u64>,
+    #[serde(default)]
+    pub alpha: Option<f64>,
+    #[serde(default)]
+    pub confidence_floor: Option<f64>,
+    /// `request` | `conversation`.
+    #[serde(default)]
+    pub granularity: Option<String>,
+    #[serde(default)]
+    pub max_examples_per_pool: Option<u64>,
+    #[serde(default)]
+    pub embed_timeout: Option<String>,
 }

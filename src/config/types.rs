@@ -627,6 +627,12 @@ pub enum RouterConfig {
         strategy: Strategy,
         targets: Vec<PolicyTarget>,
     },
+    /// Targets ranked per request by predicted quality against price, from scored examples
+    /// (`crate::knn`); `default` (a model index) leads whenever the router cannot decide.
+    Knn {
+        targets: Vec<PolicyTarget>,
+        default: usize,
+    },
 }
 
 /// A model a `select` entry names, with its weight under the weighted router.
@@ -665,6 +671,8 @@ pub struct ChecksConfig {
     pub guardrails: Option<GuardrailsConfig>,
     /// `recommend`; `None`: `POST /v1/routing/recommend` is a 404.
     pub recommend: Option<RecommendConfig>,
+    /// `routing_knn`; `None`: no policy has a knn entry (no request pays for one).
+    pub knn: Option<KnnConfig>,
 }
 
 /// `guardrails`, checked: the profiles in name order, and what each policy mandates.
@@ -731,4 +739,33 @@ pub struct GuardrailUse {
 pub struct RecommendConfig {
     /// A catalog model's name.
     pub decision_model: String,
+}
+
+/// `routing_knn`, checked (DESIGN §10).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KnnConfig {
+    /// The catalog model's name the examples and requests are embedded with.
+    pub embedding_model: String,
+    /// Neighbours consulted (at least 1).
+    pub k: usize,
+    /// Examples a pool needs before it is used (at least 1).
+    pub warmup: usize,
+    /// Weight of the cost term against predicted quality (finite, not negative).
+    pub alpha: f64,
+    /// The best target must beat the second by more than this (0..=1).
+    pub confidence_floor: f64,
+    pub granularity: KnnGranularity,
+    /// A pool's bound; past it the oldest examples are dropped.
+    pub max_examples_per_pool: usize,
+    /// How long a request's embedding may take before the default serves.
+    pub embed_timeout: Duration,
+}
+
+/// How often the knn router decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KnnGranularity {
+    /// Every request.
+    Request,
+    /// Once per `x-llm-conversation-id` (process-local, for an hour).
+    Conversation,
 }

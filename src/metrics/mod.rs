@@ -27,6 +27,9 @@
 //!   `won` (the hedge), `lost` (the first attempt, or neither).
 //! - `guardrail_checks_total{profile, result}`: guardrail checks run (DESIGN §10), by profile
 //!   (a config name) and result: `flagged`, `passed`, `unavailable`.
+//! - `knn_decisions_total{policy, outcome}`: knn router decisions (DESIGN §10), by policy
+//!   (a config name) and outcome: `knn`, `cold`, `embed_failed`, `low_confidence`, `sticky`,
+//!   `router_off`.
 //! - `rule_matches_total{rule}`: requests a conditional rule sent (`rule:<n>`).
 //! - `policy_selections_total{policy, entry}`: the `select` entry that held (`none`: no entry
 //!   held and the policy's `on_failure` models served).
@@ -351,6 +354,10 @@ pub struct Metrics {
     /// `profile` = a `guardrails.profiles` name, `result` = flagged | passed | unavailable.
     /// Resolved per profile when a snapshot is built (`crate::guardrails`), counted lock-free.
     pub guardrail_checks: IntCounterVec,
+    /// `policy` = a policy with a knn entry, `outcome` = knn | cold | embed_failed |
+    /// low_confidence | sticky | router_off. Resolved per policy when a snapshot is built
+    /// (`crate::knn::Settings`), counted lock-free.
+    pub knn_decisions: IntCounterVec,
     /// Probe results, counted by the prober and exported with the health families.
     pub probes: Arc<crate::health::probe::ProbeCounters>,
 }
@@ -503,6 +510,14 @@ impl Metrics {
             &["profile", "result"],
         )?;
         registry.register(Box::new(guardrail_checks.clone()))?;
+        let knn_decisions = IntCounterVec::new(
+            prometheus::Opts::new(
+                "signalbox_knn_decisions_total",
+                "knn router decisions, by policy and outcome: knn, cold, embed_failed, low_confidence, sticky or router_off.",
+            ),
+            &["policy", "outcome"],
+        )?;
+        registry.register(Box::new(knn_decisions.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -525,6 +540,7 @@ impl Metrics {
             hedges_won,
             hedges_lost,
             guardrail_checks,
+            knn_decisions,
             probes: Arc::default(),
         })
     }

@@ -119,9 +119,12 @@ pub async fn admit(
                         .map(http::HeaderValue::as_bytes);
                     match access::check(ctx, &snapshot, &request, route) {
                         Err(refusal) => Err(refusal),
-                        Ok(()) => {
-                            planning::plan_request(session, ctx, runtime, request, own_replay)
-                        }
+                        Ok(()) => match route_with_knn(session, ctx, runtime, &request).await {
+                            Err(refusal) => Err(refusal),
+                            Ok((routed, seed)) => planning::plan_routed(
+                                session, ctx, runtime, request, routed, seed, own_replay,
+                            ),
+                        },
                     }
                 }
             },
@@ -161,6 +164,25 @@ pub async fn admit(
     };
     respond::write_error(session, ctx, refusal).await?;
     Ok(true)
+}
+
+/// The request's route, a knn entry's order decided before the plan is built (`crate::knn`:
+/// one `Option` check when `routing_knn` is not configured, and never for an internal call,
+/// which would recurse), with the request's seed.
+async fn route_with_knn(
+    session: &mut Session,
+    ctx: &RequestCtx,
+    runtime: &Runtime,
+    request: &CallerRequest,
+) -> Result<(crate::routing::decide::Routed, u64), GatewayError> {
+    let (mut routed, seed) = planning::route_request(session, ctx, request)?;
+    let snapshot = &ctx.snapshot;
+    if snapshot.knn.is_some() && !ctx.internal && crate::knn::applies(snapshot, &routed) {
+        let user = access::key(ctx, snapshot).and_then(|k| k.user.as_deref());
+        let ask = crate::knn::Ask::read(&session.req_header().headers, user);
+        crate::knn::route(runtime, snapshot, request, ask, &mut routed).await;
+    }
+    Ok((routed, seed))
 }
 
 /// Admit the request and its first target (moving on while the shared store finds targets

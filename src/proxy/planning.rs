@@ -86,6 +86,18 @@ pub fn plan_request(
     request: CallerRequest,
     own_replay: bool,
 ) -> Result<Admitted, GatewayError> {
+    let (routed, seed) = route_request(session, ctx, &request)?;
+    plan_routed(session, ctx, runtime, request, routed, seed, own_replay)
+}
+
+/// The first half of [`plan_request`]: the route the request's headers, body and key lead to
+/// (a knn entry's order is decided between the halves, by `crate::knn`), with the request's
+/// seed (its draws').
+pub fn route_request(
+    session: &Session,
+    ctx: &RequestCtx,
+    request: &CallerRequest,
+) -> Result<(decide::Routed, u64), GatewayError> {
     let snapshot = &*ctx.snapshot;
     let headers = &session.req_header().headers;
     let value = |name: &http::HeaderName| headers.get(name).map(http::HeaderValue::as_bytes);
@@ -96,9 +108,25 @@ pub fn plan_request(
     )
     .map_err(|why| GatewayError::new(ErrorCode::InvalidRequest, why))?;
     let seed = stable_hash(ctx.request_id.as_bytes());
-    let mut steering = steering_headers.steer(ctx.surface, &request, seed);
+    let mut steering = steering_headers.steer(ctx.surface, request, seed);
     steering.key = access::facts(ctx, snapshot);
-    let routed = decide::route(snapshot, &steering).map_err(|e| e.answer(&request))?;
+    let routed = decide::route(snapshot, &steering).map_err(|e| e.answer(request))?;
+    Ok((routed, seed))
+}
+
+/// The second half of [`plan_request`]: the plan of a routed request, its rules and first
+/// target.
+pub fn plan_routed(
+    session: &Session,
+    ctx: &RequestCtx,
+    runtime: &Runtime,
+    request: CallerRequest,
+    routed: decide::Routed,
+    seed: u64,
+    own_replay: bool,
+) -> Result<Admitted, GatewayError> {
+    let snapshot = &*ctx.snapshot;
+    let headers = &session.req_header().headers;
     let route = snapshot.route(routed.route);
     let failover = &snapshot.failover;
     let mut rules = RetryRules {

@@ -17,6 +17,7 @@ use crate::error::{ErrorCode, GatewayError};
 use crate::keys::ClientKey;
 use crate::routing::decide::{Routed, Via};
 use crate::routing::plan::Plan;
+use crate::routing::policy::Pick;
 use crate::snapshot::Snapshot;
 
 /// Write a complete JSON response. Errors writing (the client went away) are returned so the
@@ -283,16 +284,17 @@ pub fn add_routing_headers(resp: &mut ResponseHeader, ctx: &RequestCtx, now: Ins
     })
 }
 
-/// A header value assembled on the stack (one allocation, when it becomes a `HeaderValue`).
+/// A header value assembled on the stack (one allocation, when it becomes a `HeaderValue`);
+/// 384 bytes: a knn decision's figures come after the rest.
 struct ValueBuf {
-    buf: [u8; 192],
+    buf: [u8; 384],
     len: usize,
 }
 
 impl ValueBuf {
     fn new() -> Self {
         Self {
-            buf: [0; 192],
+            buf: [0; 384],
             len: 0,
         }
     }
@@ -403,6 +405,17 @@ fn routing_reason(
                 if let Some(n) = rule {
                     out.push(b" rule=");
                     out.push_int(n);
+                }
+                // A knn entry: its outcome, neighbours and each target's figures.
+                if let Some(names) = crate::knn::target_names(snapshot, routed) {
+                    match &routed.knn {
+                        Some(report) => {
+                            out.push(b" ");
+                            out.push(report.reason(names).as_bytes());
+                        }
+                        None if selection.pick == Pick::RouterOff => out.push(b" knn=router_off"),
+                        None => {}
+                    }
                 }
             }
             Via::Rule(n) => {

@@ -244,6 +244,25 @@ pub struct Routed {
     pub smart_fallback: bool,
     /// `routing.providers`, resolved.
     pub providers: Option<Vec<ProviderIdx>>,
+    /// A knn entry's decision, once made (`crate::knn`): what the routing reason and explain
+    /// show.
+    pub knn: Option<Arc<super::knn::Report>>,
+}
+
+impl Routed {
+    /// The knn entry this request selected, while its order is still to be decided.
+    pub fn knn_pending(&self) -> bool {
+        matches!(
+            self.via,
+            Via::Policy {
+                selection: Selection {
+                    pick: super::policy::Pick::Knn(super::knn::KnnOutcome::Pending),
+                    ..
+                },
+                ..
+            }
+        )
+    }
 }
 
 /// Why a request cannot be routed.
@@ -326,6 +345,7 @@ pub fn route(tables: &RouteTable, steering: &Steering<'_>) -> Result<Routed, Dec
         strategy_override: strategy != base,
         smart_fallback,
         providers,
+        knn: None,
     })
 }
 

@@ -71,6 +71,36 @@ pub enum EntryRouter {
     Fixed(RouteIdx),
     /// One route per tier (simple, medium, complex), that tier first.
     Complexity([RouteIdx; 3]),
+    /// A knn entry: one route per order of its targets, chosen per request by `crate::knn`.
+    Knn(KnnRoutes),
+}
+
+/// A knn entry's routes: every order of its targets (`orders[rank(order)]`, see
+/// [`super::knn::rank`]; at most 5! = 120), and the route the `default` leads (then the
+/// targets in the order written), taken whenever the router cannot decide.
+#[derive(Debug)]
+pub struct KnnRoutes {
+    /// The targets' models (indices into the catalog's models), in the order written.
+    pub models: Vec<usize>,
+    /// Their names, in the same order (what examples score).
+    pub names: Vec<Arc<str>>,
+    pub default: usize,
+    pub orders: Vec<RouteIdx>,
+    pub fallback: RouteIdx,
+}
+
+impl KnnRoutes {
+    /// The route that tries the targets in `order` (indices into `models`); the fallback for
+    /// an order that is not a whole permutation.
+    pub fn route(&self, order: &[usize]) -> RouteIdx {
+        if order.len() != self.models.len() {
+            return self.fallback;
+        }
+        self.orders
+            .get(super::knn::rank(order))
+            .copied()
+            .unwrap_or(self.fallback)
+    }
 }
 
 /// How an entry's route was chosen for one request, for explain and the routing reason.
@@ -82,8 +112,10 @@ pub enum Pick {
     Tier(usize),
     /// The only order of a priority or strategy entry.
     Fixed,
-    /// `x-llm-router: off`: the targets in the order written.
+    /// `x-llm-router: off`: the targets in the order written (a knn entry: its `default`).
     RouterOff,
+    /// A knn entry: how its order was chosen (`Pending` until `crate::knn` decides).
+    Knn(super::knn::KnnOutcome),
 }
 
 /// What a policy chose for one request.
@@ -125,6 +157,9 @@ impl PolicyTable {
             EntryRouter::Fixed(r) => (*r, Pick::Fixed),
             EntryRouter::Weighted { routes, .. } if router_off => (routes[0], Pick::RouterOff),
             EntryRouter::Complexity(routes) if router_off => (routes[0], Pick::RouterOff),
+            EntryRouter::Knn(k) if router_off => (k.fallback, Pick::RouterOff),
+            // The default's route until the request path has decided (it awaits an embedding).
+            EntryRouter::Knn(k) => (k.fallback, Pick::Knn(super::knn::KnnOutcome::Pending)),
             EntryRouter::Weighted {
                 routes,
                 weights,
@@ -334,6 +369,38 @@ fn compile_router(b: &mut Builder<'_>, p: &PolicyConfig, router: &RouterConfig) 
             ];
             EntryRouter::Complexity(orders.map(|o| policy_route(b, p, &o, None)))
         }
+        RouterConfig::Knn { targets, default } => {
+            let models: Vec<usize> = targets.iter().map(|t| t.model).collect();
+            let n = models.len();
+            let orders = (0..super::knn::factorial(n))
+                .map(|i| {
+                    let order: Vec<usize> = super::knn::unrank(i, n)
+                        .into_iter()
+                        .map(|t| models[t])
+                        .collect();
+                    policy_route(b, p, &order, None)
+                })
+                .collect();
+            let mut lead = vec![*default];
+            lead.extend(models.iter().copied().filter(|m| m != default));
+            let fallback = policy_route(b, p, &lead, None);
+            let names = models
+                .iter()
+                .map(|&m| {
+                    b.catalog
+                        .models
+                        .get(m)
+                        .map_or_else(|| Arc::from("?"), |m| m.name.clone())
+                })
+                .collect();
+            EntryRouter::Knn(KnnRoutes {
+                models,
+                names,
+                default: *default,
+                orders,
+                fallback,
+            })
+        }
     }
 }
 
@@ -383,6 +450,56 @@ pub(super) fn compile_rules(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_knn_entry_has_a_route_per_order_and_one_led_by_its_default() {
+        let t = crate::testing::Fixture::new(
+            r#"
+providers:
+  p: { kind: openai, base_url: "http://127.0.0.1:1/v1" }
+models:
+  a: { deployments: [{ provider: p, model: up-a }] }
+  b: { deployments: [{ provider: p, model: up-b }] }
+  c: { deployments: [{ provider: p, model: up-c }] }
+  d: { deployments: [{ provider: p, model: up-d }] }
+  e: { deployments: [{ provider: p, model: up-e }] }
+policies:
+  k:
+    select: [ { router: knn, targets: [ { model: a }, { model: b }, { model: c } ], default: d } ]
+    on_failure: [ e ]
+routing_knn: { embedding_model: e }
+"#,
+        )
+        .route_table();
+        let p = t.policy(t.policy_by_name("k").expect("k"));
+        let EntryRouter::Knn(k) = &p.entries[0].router else {
+            panic!("a knn entry");
+        };
+        assert_eq!(k.orders.len(), 6);
+        let upstream = |r: RouteIdx| -> Vec<String> {
+            t.route(r)
+                .candidates
+                .iter()
+                .map(|d| t.catalog.deployment(*d).upstream_model.to_string())
+                .collect()
+        };
+        assert_eq!(
+            upstream(k.route(&[2, 0, 1])),
+            ["up-c", "up-a", "up-b", "up-e"]
+        );
+        assert_eq!(
+            upstream(k.route(&[0, 1, 2])),
+            ["up-a", "up-b", "up-c", "up-e"]
+        );
+        // The default first, then the targets as written, then on_failure.
+        assert_eq!(
+            upstream(k.fallback),
+            ["up-d", "up-a", "up-b", "up-c", "up-e"]
+        );
+        assert_eq!(k.route(&[0, 1]), k.fallback, "not a whole order");
+        let names: Vec<&str> = k.names.iter().map(|n| &**n).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+    }
 
     #[test]
     fn draws_follow_the_normalised_weights_and_skip_the_unweighted() {

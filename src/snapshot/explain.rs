@@ -10,7 +10,10 @@
 //! with its reason, and the order the attempts would take if each failed. Explained as a
 //! client key (`?key=<id>`), the key's own routing is applied as on the proxy and shown
 //! (`key_routing`: its fields, which of them this request left in force), and the guardrail
-//! profiles it would run with their modes (`guardrails`). `POST
+//! profiles it would run with their modes (`guardrails`). A knn entry's decision (`via.knn`:
+//! the outcome, the neighbours' similarities, each target's predicted quality, cost term and
+//! utility) is made as on the proxy, with the request embedded first by the admin endpoint
+//! ([`explain_embedded`]; the command line has no listener to embed through). `POST
 //! /admin/explain` returns it; `signalbox explain` prints it.
 
 use crate::catalog::surface::Surface;
@@ -52,10 +55,13 @@ struct View<'r> {
     tables: Arc<Snapshot>,
     rankings: Arc<Rankings>,
     health: &'r HealthShared,
+    /// The live runtime (the knn router's pools).
+    runtime: &'r Runtime,
 }
 
 /// Explain a request given as a body and its headers (by lower-case name), as `caller` would
-/// send it (its rate limits and budget are not consumed).
+/// send it (its rate limits and budget are not consumed). A knn entry decides without an
+/// embedding here (`knn=embed_failed`, or `cold`): [`explain_embedded`] makes one first.
 pub fn explain<'a>(
     router: &Runtime,
     surface: Surface,
@@ -67,8 +73,43 @@ pub fn explain<'a>(
         tables: router.snapshot.load_full(),
         rankings: router.rankings.load_full(),
         health: &router.health,
+        runtime: router,
     };
-    explain_in(&view, surface, body, header, caller)
+    explain_in(&view, surface, body, header, caller, None)
+}
+
+/// [`explain`], with the embedding a knn entry needs made first (through the gateway's own
+/// plan, as on the proxy) when the request would be decided by one: the admin endpoint's.
+pub async fn explain_embedded(
+    router: &Runtime,
+    surface: Surface,
+    body: Bytes,
+    headers: &http::HeaderMap,
+    caller: Caller<'_>,
+) -> Value {
+    let header = |name: &str| headers.get(name).map(http::HeaderValue::as_bytes);
+    let mut vector = None;
+    if router.snapshot.load().knn.is_some() {
+        if let Ok(request) = CallerRequest::parse(surface, body.clone()) {
+            let tables = router.snapshot.load_full();
+            let pending = SteeringHeaders::read(
+                header("x-llm-route"),
+                header("x-llm-router"),
+                header("x-llm-metadata"),
+            )
+            .ok()
+            .and_then(|h| decide::route(&tables, &h.steer(surface, &request, 0)).ok())
+            .is_some_and(|r| r.knn_pending());
+            vector = crate::knn::explain_vector(router, &request, pending).await;
+        }
+    }
+    let view = View {
+        tables: router.snapshot.load_full(),
+        rankings: router.rankings.load_full(),
+        health: &router.health,
+        runtime: router,
+    };
+    explain_in(&view, surface, body, header, caller, Some(vector))
 }
 
 /// [`explain`] against a draft snapshot (`POST /admin/explain` with `config`): built from a
@@ -86,8 +127,9 @@ pub fn explain_draft<'a>(
         tables: Arc::new(draft),
         rankings: Arc::new(rankings),
         health: &router.health,
+        runtime: router,
     };
-    explain_in(&view, surface, body, header, caller)
+    explain_in(&view, surface, body, header, caller, None)
 }
 
 /// Per catalog model (by index): whether `globs` (lower-cased) match its name.
@@ -105,12 +147,15 @@ fn models_matching(tables: &Snapshot, globs: &[String]) -> Arc<[bool]> {
         .collect()
 }
 
+/// The explanation; `knn_vector` is the embedding a knn entry decides by: `Some(None)` when
+/// one was asked for and could not be made, `None` when none was asked for.
 fn explain_in<'a>(
     view: &View<'_>,
     surface: Surface,
     body: Bytes,
     header: impl Fn(&str) -> Option<&'a [u8]>,
     caller: Caller<'_>,
+    knn_vector: Option<Option<Vec<f32>>>,
 ) -> Value {
     let tables = view.tables.clone();
     let request = match CallerRequest::parse(surface, body) {
@@ -194,10 +239,22 @@ fn explain_in<'a>(
         });
     }
     let key_routing = key.and_then(|k| k.routing.as_ref());
-    let routed = match decide::route(&tables, &steering) {
+    let mut routed = match decide::route(&tables, &steering) {
         Ok(r) => r,
         Err(e) => return error(&e.answer(&request)),
     };
+    if routed.knn_pending() {
+        let ask = crate::knn::Ask::from_lookup(&header, key.and_then(|k| k.user.as_deref()));
+        let vector = knn_vector.flatten();
+        crate::knn::explain_decide(
+            view.runtime,
+            &tables,
+            &request,
+            &ask,
+            vector.as_deref(),
+            &mut routed,
+        );
+    }
     let env = PlanEnv {
         catalog: &tables.catalog,
         health: &tables.health,
@@ -468,6 +525,7 @@ fn via(
                 }
                 Pick::Fixed => json!("fixed"),
                 Pick::RouterOff => json!("router_off"),
+                Pick::Knn(outcome) => json!({ "knn": outcome.as_str() }),
             };
             json!({
                 "kind": "policy",
@@ -481,6 +539,7 @@ fn via(
                 },
                 "shares": shares,
                 "pick": pick,
+                "knn": crate::knn::explain_json(tables, routed),
                 "max_attempts": p.max_attempts,
                 "failover_on_client_error": p.failover_on_client_error,
             })
@@ -547,6 +606,25 @@ pub fn render_text(v: &Value) -> String {
                 "not healthy now"
             }
         );
+    }
+    if let Some(knn) = v["via"]["knn"].as_object() {
+        let _ = writeln!(
+            out,
+            "knn:      {} (pool {}, {} examples)",
+            knn["outcome"].as_str().unwrap_or("?"),
+            knn["pool"].as_str().unwrap_or("?"),
+            knn["examples"],
+        );
+        for t in knn["targets"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "  {}: predicted quality {:.2}, cost term {:.2}, utility {:.2}",
+                t["model"].as_str().unwrap_or("?"),
+                t["predicted_quality"].as_f64().unwrap_or(0.0),
+                t["cost_term"].as_f64().unwrap_or(0.0),
+                t["utility"].as_f64().unwrap_or(0.0),
+            );
+        }
     }
     for g in v["guardrails"].as_array().into_iter().flatten() {
         let _ = writeln!(

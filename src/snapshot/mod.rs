@@ -55,6 +55,8 @@ pub struct Snapshot {
     pub guardrails: Option<Arc<crate::guardrails::Guardrails>>,
     /// `recommend`; `None`: `POST /v1/routing/recommend` is not served.
     pub recommend: Option<crate::config::RecommendConfig>,
+    /// `routing_knn`, compiled; `None`: no knn entry (requests pay one check).
+    pub knn: Option<Arc<crate::knn::Settings>>,
 }
 
 impl std::ops::Deref for Snapshot {
@@ -130,6 +132,13 @@ impl Snapshot {
         generation: u64,
     ) -> Self {
         let table = RouteTable::build(config, catalog, health, generation);
+        let knn = config.checks.knn.as_ref().map(|k| {
+            Arc::new(crate::knn::Settings::build(
+                k,
+                &table,
+                &metrics.knn_decisions,
+            ))
+        });
         let labels = RoutingLabels {
             routes: table.route_labels.clone(),
             providers: table
@@ -192,6 +201,7 @@ impl Snapshot {
                 ))
             }),
             recommend: config.checks.recommend.clone(),
+            knn,
         }
     }
 

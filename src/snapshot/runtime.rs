@@ -33,6 +33,8 @@ pub struct Runtime {
     pub hedges: HedgeShare,
     /// The gateway's calls to its own models, through its own listener and plan.
     pub internal: crate::internal::InternalClient,
+    /// The knn router's pools and conversations (they outlive a reload).
+    pub knn: crate::knn::memory::Memory,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -53,6 +55,7 @@ impl Runtime {
             sessions,
             hedges: HedgeShare::default(),
             internal: crate::internal::InternalClient::new(),
+            knn: crate::knn::memory::Memory::default(),
         }
     }
 

@@ -47,6 +47,10 @@ pub(super) struct Ctx<'a> {
     pub(super) thinking: bool,
     /// Embeddings: how many vectors.
     pub(super) inputs: usize,
+    /// Embeddings: each input's text (token ids as `t<id>` words), in order.
+    pub(super) embedding_texts: Vec<String>,
+    /// Embeddings: the request's `dimensions`.
+    pub(super) embedding_dimensions: Option<usize>,
     /// Moderations: whether each input is flagged, in order.
     pub(super) flagged: Vec<bool>,
 }

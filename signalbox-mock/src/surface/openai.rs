@@ -263,8 +263,10 @@ impl Surface for Completions<'_> {
 
 // === Embeddings ===
 
-/// Dimensions of every embedding.
-pub(crate) const EMBEDDING_DIMENSIONS: usize = 8;
+/// Dimensions of an embedding when the request names none (`dimensions`).
+pub(crate) const EMBEDDING_DIMENSIONS: usize = 256;
+/// The most dimensions a request may ask for.
+pub(crate) const MAX_EMBEDDING_DIMENSIONS: usize = 4096;
 
 /// `POST .../embeddings`: never streamed.
 pub(crate) struct Embeddings<'a> {
@@ -277,8 +279,16 @@ impl<'a> Embeddings<'a> {
     }
 
     fn list(&self, count: usize) -> Value {
+        let dims = self
+            .cx
+            .embedding_dimensions
+            .unwrap_or(EMBEDDING_DIMENSIONS)
+            .clamp(1, MAX_EMBEDDING_DIMENSIONS);
         let data: Vec<Value> = (0..count)
-            .map(|i| json!({"object": "embedding", "index": i, "embedding": vector(i)}))
+            .map(|i| {
+                let text = self.cx.embedding_texts.get(i).map_or("", String::as_str);
+                json!({"object": "embedding", "index": i, "embedding": bag_of_words(text, dims)})
+            })
             .collect();
         json!({
             "object": "list",
@@ -289,11 +299,39 @@ impl<'a> Embeddings<'a> {
     }
 }
 
-/// The fixed vector of input `i`: small numbers that differ per input.
-fn vector(i: usize) -> Vec<f64> {
-    (0..EMBEDDING_DIMENSIONS)
-        .map(|d| ((i * EMBEDDING_DIMENSIONS + d) % 17) as f64 / 16.0 - 0.5)
-        .collect()
+/// A vector that carries meaning: the input's lower-cased word tokens (runs of letters and
+/// digits; a token-array input's ids are words `t<id>`) each hashed (FNV-1a) into one of
+/// `dims` buckets with a hashed sign, then L2-normalised. Deterministic; inputs sharing words
+/// are near (their cosine similarity grows with the words they share), inputs sharing none are
+/// about orthogonal. An input without a word hashes as the empty word.
+pub(crate) fn bag_of_words(text: &str, dims: usize) -> Vec<f64> {
+    let mut v = vec![0.0f64; dims];
+    let mut add = |word: &str| {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in word.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        let sign = if h >> 63 == 0 { 1.0 } else { -1.0 };
+        v[(h % dims as u64) as usize] += sign;
+    };
+    let lower = text.to_lowercase();
+    let mut any = false;
+    for word in lower
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+    {
+        add(word);
+        any = true;
+    }
+    if !any {
+        add("");
+    }
+    let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    if norm > 0.0 {
+        v.iter_mut().for_each(|x| *x /= norm);
+    }
+    v
 }
 
 impl Surface for Embeddings<'_> {

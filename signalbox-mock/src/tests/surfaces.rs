@@ -723,7 +723,7 @@ async fn embeddings_one_vector_per_input() {
         for (i, d) in data.iter().enumerate() {
             assert_eq!(d["object"], "embedding");
             assert_eq!(d["index"], i);
-            assert_eq!(d["embedding"].as_array().unwrap().len(), 8);
+            assert_eq!(d["embedding"].as_array().unwrap().len(), 256);
         }
         let prompt = (body.len() / 4) as u64;
         assert_eq!(
@@ -744,6 +744,42 @@ async fn embeddings_one_vector_per_input() {
     assert_eq!(a["data"], b["data"]);
     assert_ne!(a["data"][0]["embedding"], a["data"][1]["embedding"]);
     assert_eq!(h.calls_to(Endpoint::Embeddings), 7);
+}
+
+#[tokio::test]
+async fn embeddings_carry_meaning_prompts_sharing_words_are_near() {
+    let h = start_default().await;
+    let mut c = Client::connect(&h).await;
+    let body = body_for(
+        Endpoint::Embeddings,
+        false,
+        json!({"input": [
+            "Fix the Rust borrow checker error in this function",
+            "why does the borrow checker reject this Rust function",
+            "what a lovely sunny day for a picnic",
+        ], "dimensions": 64}),
+    );
+    let v = c
+        .request(&request_to(Endpoint::Embeddings, &body))
+        .await
+        .json();
+    let vec_of = |i: usize| -> Vec<f64> {
+        v["data"][i]["embedding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    };
+    let (a, b, far) = (vec_of(0), vec_of(1), vec_of(2));
+    assert_eq!(a.len(), 64, "the request's dimensions");
+    let dot = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(p, q)| p * q).sum::<f64>();
+    assert!((dot(&a, &a) - 1.0).abs() < 1e-9, "unit length");
+    assert!(dot(&a, &b) > 0.4, "shared words: near ({})", dot(&a, &b));
+    assert!(
+        dot(&a, &far).abs() < dot(&a, &b) / 2.0,
+        "no shared words: far"
+    );
 }
 
 #[tokio::test]

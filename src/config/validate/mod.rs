@@ -21,7 +21,8 @@
 //! - `log.rs`: `log`, how signalbox writes its log;
 //! - `keys.rs`: `keys`, who may call, what each key may use and spend, and how it is routed;
 //! - `storage.rs`: `ledger`, `state` and `metrics`, where usage and shared counters live;
-//! - `guardrails.rs`: `guardrails`, the profiles policies mandate, and `recommend`.
+//! - `guardrails.rs`: `guardrails`, the profiles policies mandate, and `recommend`;
+//! - `knn.rs`: `routing_knn`, the knn router's settings and its entries' prices.
 
 mod admin;
 mod failover;
@@ -29,6 +30,7 @@ mod guardrails;
 pub(crate) mod headers;
 mod health;
 mod keys;
+mod knn;
 mod log;
 mod models;
 mod names;
@@ -99,6 +101,14 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
             &mut errs,
         ),
         recommend: guardrails::validate_recommend(file.recommend.as_ref(), &names, &mut errs),
+        knn: knn::validate_knn(
+            file.routing_knn.as_ref(),
+            &file.policies,
+            &policies,
+            &models,
+            &names,
+            &mut errs,
+        ),
     };
 
     server::validate_pingora(&file.pingora, &mut errs);

@@ -44,6 +44,9 @@ pub(super) fn validate_policies(
         .collect()
 }
 
+/// The most targets a knn entry ranks (its routes are every order of them: 5! = 120).
+pub(crate) const KNN_MAX_TARGETS: usize = 5;
+
 /// The largest `retry.attempts` accepted (as `failover.transient_retries`).
 const RETRY_ATTEMPTS_CEILING: u32 = 5;
 
@@ -201,6 +204,12 @@ impl Ctx<'_> {
                 format!("`tiers` belongs to router complexity; router {name} takes `targets`"),
             ));
         }
+        if kind != RouterKindSection::Knn && e.default.is_some() {
+            errs.push(ConfigError::new(
+                format!("{epath}.default"),
+                format!("`default` belongs to router knn, not router {name}"),
+            ));
+        }
         if kind != RouterKindSection::Strategy && e.strategy.is_some() {
             errs.push(ConfigError::new(
                 format!("{epath}.strategy"),
@@ -257,6 +266,7 @@ impl Ctx<'_> {
                     targets,
                 })
             }
+            RouterKindSection::Knn => self.knn(e, epath, errs),
         };
         router.filter(|_| errs.len() == before)
     }
@@ -313,6 +323,41 @@ impl Ctx<'_> {
             }
         }
         Some(out)
+    }
+
+    /// A knn router: its targets (at most [`KNN_MAX_TARGETS`]: one route is compiled per order
+    /// of them) and its `default`, a model. Its settings (`routing_knn`) and the targets'
+    /// prices are checked with that section (`validate::knn`).
+    fn knn(
+        &self,
+        e: &SelectSection,
+        epath: &str,
+        errs: &mut Vec<ConfigError>,
+    ) -> Option<RouterConfig> {
+        let targets = self.targets(e, epath, errs);
+        if targets.as_ref().is_some_and(|t| t.len() > KNN_MAX_TARGETS) {
+            errs.push(ConfigError::new(
+                format!("{epath}.targets"),
+                format!(
+                    "router knn ranks at most {KNN_MAX_TARGETS} targets (one route is compiled \
+                     per order of them)"
+                ),
+            ));
+        }
+        let default = match &e.default {
+            None => {
+                errs.push(ConfigError::new(
+                    epath,
+                    "router knn needs `default`: the model that serves while it cannot decide",
+                ));
+                None
+            }
+            Some(d) => self.model(d, &format!("{epath}.default"), errs),
+        };
+        Some(RouterConfig::Knn {
+            targets: targets?,
+            default: default?,
+        })
     }
 
     /// `tiers` of a complexity router: all three, each a model or alias (tiers may share one).
@@ -395,6 +440,10 @@ impl Ctx<'_> {
                 | RouterConfig::Priority(t)
                 | RouterConfig::Strategy { targets: t, .. } => {
                     named.extend(t.iter().map(|t| t.model));
+                }
+                RouterConfig::Knn { targets, default } => {
+                    named.extend(targets.iter().map(|t| t.model));
+                    named.push(*default);
                 }
                 RouterConfig::Complexity {
                     simple,

@@ -617,6 +617,8 @@ impl Metrics {
             .map(|c| &c.desc)
             // Labelled by profile: without guardrails configured it has no series at all.
             .chain(self.guardrail_checks.desc())
+            // Labelled by policy: without a knn entry it has no series at all.
+            .chain(self.knn_decisions.desc())
             .filter(|d| !families.iter().any(|f| f.name() == d.fq_name))
             .collect();
         empty.sort_by(|a, b| a.fq_name.cmp(&b.fq_name));

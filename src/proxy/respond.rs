@@ -506,7 +506,7 @@ mod tests {
         }
         buf.push_int(u64::MAX);
         let value = buf.value().expect("visible ASCII");
-        assert_eq!(value.len(), 192);
+        assert_eq!(value.len(), 384);
     }
 
     #[test]

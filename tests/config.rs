@@ -50,6 +50,39 @@ failover: { max_attempts: 0, transient_retries: 9 }
     let out = signalbox(&["-t", "-c", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("surprise"));
+
+    // The scoring multipliers and the credential choice, each out of range or unknown.
+    std::fs::write(
+        &path,
+        r#"
+providers:
+  a: { kind: openai, base_url: "http://127.0.0.1:9/v1", credential_choice: most_quota }
+models:
+  m: { deployments: [{ provider: a, model: x }] }
+scoring: { headroom_threshold: 1, headroom_floor: 1.5, rate_limit_penalty: -0.1, rate_limit_decay: soon }
+"#,
+    )
+    .unwrap();
+    let out = signalbox(&["-t", "-c", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for needle in [
+        "providers.a.credential_choice: unknown credential choice \"most_quota\" (round_robin, least_remaining_quota)",
+        "scoring.headroom_threshold: must be above 0 and below 1, found 1",
+        "scoring.headroom_floor: must be from 0 to 1, found 1.5",
+        "scoring.rate_limit_penalty: must be from 0 to 1, found -0.1",
+        "scoring.rate_limit_decay: \"soon\" is not a duration",
+    ] {
+        assert!(err.contains(needle), "{needle} missing from:\n{err}");
+    }
+    std::fs::write(
+        &path,
+        "providers: {}\nmodels: {}\nscoring: { headroom: 1 }\n",
+    )
+    .unwrap();
+    let out = signalbox(&["-t", "-c", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("headroom"));
 }
 
 /// A parse-level error (an unknown key, a value of the wrong type) hides nothing: every
@@ -116,6 +149,8 @@ rules:
   - {{ when: {{ metadata.x: {{ $regex: "{long_regex}" }} }}, then: nowhere }}
   - {{ when: {{ $and: [ {{ $or: [ {{ $and: [ {{ $or: [ {{ $and: [ {{ params.stream: true }} ] }} ] }} ] }} ] }} ] }}, then: p }}
   - {{ when: {{ params.stream: {{ $gt: 3 }} }}, then: auto:fast }}
+  - {{ when: {{ header.authorization: {{ $regex: "^Bearer" }} }}, then: auto:main }}
+  - {{ when: {{ $or: [ {{ header.x-api-key: k }}, {{ params.task: coding }}, {{ params.agent: claude }} ] }}, then: auto:main }}
 "#
         ),
     )
@@ -137,6 +172,10 @@ rules:
         "rules[1].then: \"nowhere\" names nothing",
         "rules[2].when.$and[0].$or[0].$and[0].$or[0].$and: `$and`/`$or` nested more than 4 deep",
         "rules[3].when.params.stream.$gt: `$gt` compares numbers and `params.stream` is a boolean",
+        "rules[4].when.header.authorization: `header.authorization` carries a credential and can never be read by a condition",
+        "rules[5].when.$or[0].header.x-api-key: `header.x-api-key` carries a credential",
+        "rules[5].when.$or[1].params.task: `params.task` is never `coding`; it is one of code, chat",
+        "rules[5].when.$or[2].params.agent: `params.agent` is never `claude`",
     ] {
         assert!(err.contains(needle), "{needle} missing from:\n{err}");
     }

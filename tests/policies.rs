@@ -325,6 +325,93 @@ async fn what_a_request_names_has_a_precedence() {
     assert!(seen.iter().all(|r| r.header("x-llm-route").is_none()));
 }
 
+/// A chat body whose last user turn is `last`, after an earlier user turn `first`.
+fn two_turns(model: &str, first: &str, last: &str) -> serde_json::Value {
+    serde_json::json!({
+        "model": model,
+        "messages": [
+            {"role": "user", "content": first},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": last},
+        ],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rules_and_select_read_headers_the_task_and_the_agent() {
+    let m = mocks().await;
+    let extra = "chains: { main: [ma], team: [mb], code: [mc], agents: [md] }\nactive_chain: main\npolicies:\n  tiered:\n    select:\n      - { when: { header.x-tier: { $regex: '^gold' } }, router: priority, targets: [ { model: md } ] }\n      - { router: priority, targets: [ { model: ma } ] }\nrules:\n  - when: { header.x-team: ads }\n    then: auto:team\n  - when: { params.task: code }\n    then: auto:code\n  - when: { params.agent: { $in: [claude-code, codex] } }\n    then: auto:agents\n";
+    let gw = Gateway::start(four(&m, "", extra));
+    let provider = |r: &reqwest::Response| header(r, "x-llm-provider").to_string();
+    // None holds: the active chain.
+    let r = post_chat(&gw, &chat("auto")).await;
+    assert_eq!(
+        (provider(&r), header(&r, "x-llm-route")),
+        ("a".into(), "chain:main")
+    );
+    // header.x-team (the name is matched whatever case the caller writes it in).
+    let r = post_with(&gw, &chat("auto"), &[("X-Team", "ads")]).await;
+    assert_eq!(
+        (provider(&r), header(&r, "x-llm-route")),
+        ("b".into(), "rule:0")
+    );
+    let r = post_with(&gw, &chat("auto"), &[("x-team", "search")]).await;
+    assert_eq!(provider(&r), "a");
+    // params.task: a fence in the last user turn is code; one in an earlier turn is not.
+    let fenced = "fix this:\n```rust\nfn main() { println!(\"hi\") }\n```";
+    let r = post_chat(&gw, &two_turns("auto", "hello", fenced)).await;
+    assert_eq!(
+        (provider(&r), header(&r, "x-llm-route")),
+        ("c".into(), "rule:1")
+    );
+    let r = post_chat(
+        &gw,
+        &two_turns("auto", fenced, "thanks, and what is a monad?"),
+    )
+    .await;
+    assert_eq!(provider(&r), "a");
+    // params.agent, from the user-agent the clients send.
+    for (ua, want) in [
+        ("claude-cli/2.1.332 (external, cli)", "d"),
+        ("codex_exec/0.171.0 (Debian 12.0.0; x86_64) unknown", "d"),
+        ("OpenAI/Python 2.8.0", "a"),
+        ("curl/8.5.0", "a"),
+    ] {
+        let r = post_with(&gw, &chat("auto"), &[("user-agent", ua)]).await;
+        assert_eq!(provider(&r), want, "{ua}");
+    }
+    // A policy's select entry reads headers too.
+    let r = post_with(&gw, &chat("tiered"), &[("x-tier", "gold-eu")]).await;
+    assert_eq!(provider(&r), "d");
+    assert!(header(&r, "x-llm-routing-reason").contains(" policy=tiered entry=0"));
+    let r = post_chat(&gw, &chat("tiered")).await;
+    assert_eq!(provider(&r), "a");
+    // Explain reads the same facts and says what it read.
+    let v = explain(
+        &gw,
+        &two_turns("auto", "hello", fenced),
+        &[("user-agent", "claude-cli/2.1.332")],
+    )
+    .await;
+    assert_eq!(v["needs"]["task"], "code", "{v:#}");
+    assert_eq!(v["needs"]["agent"], "claude-code", "{v:#}");
+    assert_eq!(
+        v["rules"],
+        serde_json::json!([{"rule": 0, "held": false}, {"rule": 1, "held": true}, {"rule": 2, "held": true}]),
+        "{v:#}"
+    );
+    let v = explain(&gw, &chat("auto"), &[("x-team", "ads")]).await;
+    assert_eq!(v["needs"]["task"], "chat", "{v:#}");
+    assert_eq!(v["needs"]["agent"], "unknown", "{v:#}");
+    assert_eq!(v["rules"][0]["held"], true, "{v:#}");
+    gw.metrics_with(&[
+        r#"signalbox_rule_matches_total{rule="rule:0"} 1"#,
+        r#"signalbox_rule_matches_total{rule="rule:1"} 1"#,
+        r#"signalbox_rule_matches_total{rule="rule:2"} 2"#,
+    ])
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn rules_steer_auto_and_never_an_explicit_model() {
     let m = mocks().await;

@@ -127,6 +127,13 @@ pub struct MockConfig {
     /// Words (besides [`FLAG_WORD`]) that make a moderation input flagged, matched in any
     /// letter case.
     pub flag_words: Vec<String>,
+    /// Request quotas per provider key, as a provider's rate limits: `(key, requests)`. A
+    /// call presenting the key (`Authorization: Bearer key` or `x-api-key: key`) takes one
+    /// request from its quota and is answered with `x-ratelimit-limit-requests`,
+    /// `x-ratelimit-remaining-requests` (what is left after it) and
+    /// `x-ratelimit-reset-requests: 60s`; past the quota the call is a 429 (`Retry-After: 60`)
+    /// with remaining `0`. The quotas never refill while the mock runs.
+    pub key_quotas: Vec<(String, u64)>,
 }
 
 impl Default for MockConfig {
@@ -142,6 +149,7 @@ impl Default for MockConfig {
             api_key: None,
             response_headers: Vec::new(),
             flag_words: Vec::new(),
+            key_quotas: Vec::new(),
         }
     }
 }
@@ -641,6 +649,8 @@ struct Shared {
     api_key: Option<String>,
     /// Lower-cased: [`FLAG_WORD`] and the configured flag words.
     flag_words: Vec<String>,
+    /// `MockConfig::key_quotas`: each key, its quota and the calls it has made.
+    quotas: Vec<(String, u64, AtomicU64)>,
     config_default: Behaviour,
     /// The current default; connections cache it and re-read it when `default_gen` changes.
     default: Mutex<Arc<Behaviour>>,
@@ -660,6 +670,12 @@ struct Shared {
 }
 
 impl Shared {
+    /// The quota of the key a call presents (its `Authorization` or `x-api-key` value).
+    fn quota_of(&self, credential: &[u8]) -> Option<&(String, u64, AtomicU64)> {
+        let key = credential.strip_prefix(b"Bearer ").unwrap_or(credential);
+        self.quotas.iter().find(|(k, _, _)| k.as_bytes() == key)
+    }
+
     fn new(config: MockConfig) -> Shared {
         let mut header_name: Vec<u8> = config
             .name
@@ -687,6 +703,11 @@ impl Shared {
             flag_words: std::iter::once(FLAG_WORD.to_string())
                 .chain(config.flag_words.iter().map(|w| w.to_lowercase()))
                 .filter(|w| !w.is_empty())
+                .collect(),
+            quotas: config
+                .key_quotas
+                .iter()
+                .map(|(k, n)| (k.clone(), *n, AtomicU64::new(0)))
                 .collect(),
             default: Mutex::new(Arc::new(config.default_behaviour.clone())),
             config_default: config.default_behaviour,

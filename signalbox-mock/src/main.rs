@@ -153,6 +153,7 @@ async fn run(args: Args) -> std::io::Result<()> {
             .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
             .collect(),
         flag_words: args.flag_words.clone(),
+        key_quotas: Vec::new(),
     };
     // Install the signal handlers before announcing anything: a script may signal as soon as it
     // reads the first "listening" line.

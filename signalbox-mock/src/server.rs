@@ -613,7 +613,37 @@ impl Conn {
             Some(m) => wire::escape_json(&mut self.model, m.as_bytes()),
             None => self.model.extend_from_slice(b"mock-model"),
         }
-        let scripted = sh.pop_script(endpoint);
+        let authorization = header(&head.authorization);
+        let credential = match dialect {
+            Dialect::OpenAi => authorization,
+            Dialect::Anthropic => header(&head.x_api_key).or(authorization),
+        };
+        // A key with a quota: one request taken, its rate-limit headers on the answer, a 429
+        // past it.
+        let mut quota_headers = Vec::new();
+        let mut over_quota = None;
+        if let Some((_, limit, used)) = credential.and_then(|c| sh.quota_of(c)) {
+            let used = used.fetch_add(1, Ordering::Relaxed) + 1;
+            let left = limit.saturating_sub(used);
+            quota_headers.extend_from_slice(&sh.header_name);
+            quota_headers.extend_from_slice(
+                format!(
+                    "\r\nx-ratelimit-limit-requests: {limit}\r\nx-ratelimit-remaining-requests: {left}\r\nx-ratelimit-reset-requests: 60s"
+                )
+                .as_bytes(),
+            );
+            if used > *limit {
+                over_quota = Some(Behaviour::Status {
+                    code: 429,
+                    retry_after: Some("60".to_string()),
+                    body: None,
+                });
+            }
+        }
+        let scripted = match over_quota {
+            Some(b) => Some(b),
+            None => sh.pop_script(endpoint),
+        };
         if scripted.is_none() {
             sh.refresh_default(&mut self.default);
         }
@@ -627,18 +657,17 @@ impl Conn {
             };
             record(sh, &self.buf, head, &self.hdrs, body, rec);
         }
-        let authorization = header(&head.authorization);
-        let credential = match dialect {
-            Dialect::OpenAi => authorization,
-            Dialect::Anthropic => header(&head.x_api_key).or(authorization),
-        };
         let call = Call {
             endpoint,
             stream: facts.stream,
             close: head.close,
             credential: credential.unwrap_or_default(),
             host: header(&head.host).unwrap_or_default(),
-            name: &sh.header_name,
+            name: if quota_headers.is_empty() {
+                &sh.header_name
+            } else {
+                &quota_headers
+            },
             shape: sh.shape,
         };
         let cx = Ctx {

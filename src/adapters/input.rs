@@ -1,5 +1,6 @@
 //! The caller's own words in a request: the text of its user and system (and developer)
-//! messages, in any dialect — what guardrails check (`crate::guardrails`).
+//! messages, in any dialect — what guardrails check (`crate::guardrails`) — and of its last
+//! user turn, which the knn router embeds and `params.task` reads.
 //!
 //! Read from the spans the one strict scan already found (`messages`, Anthropic's `system`, or
 //! the whole body when the dialect has no `messages`: the Responses `input` and
@@ -34,6 +35,39 @@ pub fn input_text(request: &CallerRequest) -> String {
         CallerRequest::CountTokens(_) => {}
     }
     out
+}
+
+/// The text of the request's last user turn (the whole caller text when it has no
+/// `messages`): what the knn router embeds and `params.task` reads.
+pub fn last_user_text(request: &CallerRequest) -> String {
+    let span = request.prompt();
+    if span.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        if let Ok(Value::Array(messages)) = serde_json::from_slice::<Value>(span) {
+            let last = messages
+                .iter()
+                .rev()
+                .find(|m| m.get("role").and_then(Value::as_str) == Some("user"));
+            let mut out = String::new();
+            if let Some(c) = last.and_then(|m| m.get("content")) {
+                content(c, &mut out);
+            }
+            return out;
+        }
+    }
+    input_text(request)
+}
+
+/// `params.task`: `code` when the last user turn holds a fenced code block (```), else `chat`.
+pub fn task(request: &CallerRequest) -> &'static str {
+    // Most requests hold no fence anywhere: the whole prompt is scanned before any parse.
+    if memchr::memmem::find(request.prompt(), b"```").is_none() {
+        return "chat";
+    }
+    if memchr::memmem::find(last_user_text(request).as_bytes(), b"```").is_some() {
+        "code"
+    } else {
+        "chat"
+    }
 }
 
 /// A `messages` array, or a whole body without one.
@@ -181,6 +215,50 @@ mod tests {
         assert_eq!(
             text(Surface::Embeddings, r#"{"model":"m","input":[1,2,3]}"#),
             ""
+        );
+    }
+
+    #[test]
+    fn the_task_is_code_only_when_the_last_user_turn_holds_a_fence() {
+        let task_of = |surface, body: &str| {
+            task(&CallerRequest::parse(surface, Bytes::from(body.to_string())).expect("a body"))
+        };
+        let chat = Surface::ChatCompletions;
+        assert_eq!(
+            task_of(
+                chat,
+                r#"{"model":"m","messages":[{"role":"user","content":"fix this:\n```rust\nfn main() {}\n```"}]}"#
+            ),
+            "code"
+        );
+        // A fence in an earlier turn, or in the assistant's, is not this turn's task.
+        assert_eq!(
+            task_of(
+                chat,
+                r#"{"model":"m","messages":[{"role":"user","content":"```x```"},{"role":"assistant","content":"```y```"},{"role":"user","content":"thanks!"}]}"#
+            ),
+            "chat"
+        );
+        assert_eq!(
+            task_of(
+                chat,
+                r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#
+            ),
+            "chat"
+        );
+        assert_eq!(
+            task_of(
+                Surface::Messages,
+                r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"```py\nprint(1)\n```"}]}]}"#
+            ),
+            "code"
+        );
+        assert_eq!(
+            task_of(
+                Surface::Responses,
+                r#"{"model":"m","input":"```sh\nls\n```"}"#
+            ),
+            "code"
         );
     }
 }

@@ -15,8 +15,11 @@
 //! - `caller`: the caller's request in its surface's dialect, and the body each attempt sends.
 //! - `relay`: a provider's answer on its way to the caller, same dialect or translated.
 //! - `stream`: what any dialect's response reports in common words (usage, stream signals).
-//! - `input`: the caller's own text in a request (user and system turns), for guardrails.
+//! - `input`: the caller's own text in a request (user and system turns), for guardrails;
+//!   its last user turn and task (`params.task`), for knn and conditions.
+//! - `agent`: the client a request came from, by its `user-agent` (`params.agent`).
 
+pub mod agent;
 pub mod anthropic;
 pub mod caller;
 pub mod chat_messages;

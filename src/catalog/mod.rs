@@ -153,8 +153,11 @@ pub struct Provider {
     /// `headers`: set on every request to this provider.
     pub headers: Vec<(http::HeaderName, HeaderValue)>,
     pub credentials: Vec<Credential>,
-    /// Round-robin start for credential choice, so load spreads across keys.
+    /// Round-robin start for credential choice, so load spreads across keys (and ties are
+    /// broken under `least_remaining_quota`).
     pub credential_cursor: AtomicUsize,
+    /// `credential_choice`: how a request picks among the usable credentials.
+    pub credential_choice: crate::config::CredentialChoice,
     pub enabled: bool,
     /// `budgets.providers.<id>`, and what the provider spent (shared with the catalog it was
     /// rebuilt from, by id).
@@ -377,6 +380,7 @@ impl Catalog {
                 headers: p.headers.clone(),
                 credentials,
                 credential_cursor: AtomicUsize::new(0),
+                credential_choice: p.credential_choice,
                 enabled: p.enabled,
                 budget: p.budget,
                 spend: Arc::default(),

@@ -6,18 +6,28 @@
 //! operator whose value is wrong (`….params.max_tokens.$gt: `$gt` takes a number`) — and
 //! compiling goes on with the siblings, so one pass lists them all. What is refused: unknown
 //! field families and fields, unknown operators, `null`, empty objects and lists, constants of
-//! the wrong type for a typed field (`params.stream: {$gt: 3}`), non-finite numbers, YAML tags,
+//! the wrong type for a typed field (`params.stream: {$gt: 3}`), a value a closed field never
+//! takes (`params.task: coding`), a credential header (`header.authorization`), non-finite
+//! numbers, YAML tags,
 //! `$regex` patterns longer than [`MAX_REGEX_LEN`](super::condition::MAX_REGEX_LEN) or compiling past
 //! [`REGEX_SIZE_LIMIT`](super::condition::REGEX_SIZE_LIMIT), `$and`
 //! / `$or` nested deeper than [`MAX_DEPTH`], and more than [`MAX_CLAUSES`] comparisons.
 
 use serde_yaml::Value;
 
-use super::condition::{CmpOp, Condition, Field, Scalar, MAX_CLAUSES, MAX_DEPTH};
+use super::condition::{self, CmpOp, Condition, Field, Scalar, MAX_CLAUSES, MAX_DEPTH};
 use super::ConfigError;
+use crate::adapters::agent;
+
+/// The values `params.agent` takes, for an error naming them.
+fn agent_names() -> String {
+    let mut names: Vec<&str> = agent::AGENTS.iter().map(|(n, _)| *n).collect();
+    names.push(agent::UNKNOWN);
+    names.join(", ")
+}
 
 /// The families a field name starts with.
-const FAMILIES: &str = "params, metadata, key, budget";
+const FAMILIES: &str = "params, metadata, header, key, budget";
 /// The operators a field takes.
 const OPERATORS: &str = "$eq, $ne, $gt, $gte, $lt, $lte, $in, $nin, $regex";
 
@@ -55,7 +65,13 @@ enum Kind {
 impl Kind {
     fn of_field(field: &Field) -> Option<Kind> {
         Some(match field {
-            Field::Endpoint | Field::Model | Field::KeyId | Field::KeyUser => Kind::Str,
+            Field::Endpoint
+            | Field::Model
+            | Field::KeyId
+            | Field::KeyUser
+            | Field::Task
+            | Field::Agent
+            | Field::Header(_) => Kind::Str,
             Field::Stream | Field::Tools | Field::Vision => Kind::Bool,
             Field::MaxTokens
             | Field::PromptTokens
@@ -101,8 +117,10 @@ fn unknown_field(name: &str) -> String {
     match family {
         "params" => format!(
             "unknown field `{name}` (params.endpoint, params.stream, params.tools, params.vision, \
-             params.model, params.max_tokens, params.prompt_tokens)"
+             params.model, params.max_tokens, params.prompt_tokens, params.task, params.agent)"
         ),
+        "header" => condition::header_name_problem(rest)
+            .unwrap_or_else(|| format!("unknown field `{name}`")),
         "metadata" if rest.is_empty() => {
             "`metadata.` needs a label name, such as metadata.tier".to_string()
         }
@@ -425,6 +443,24 @@ impl Compiler<'_> {
                 return None;
             }
         }
+        // The fields of a closed set of values: a value outside it could never match.
+        if let Scalar::Str(text) = &value {
+            let known: Option<(bool, String)> = match field {
+                Field::Task => Some((
+                    condition::TASKS.contains(&&**text),
+                    condition::TASKS.join(", "),
+                )),
+                Field::Agent => Some((agent::is_agent(text), agent_names())),
+                _ => None,
+            };
+            if let Some((false, names)) = known {
+                self.err(
+                    path,
+                    format!("`{name}` is never `{text}`; it is one of {names}"),
+                );
+                return None;
+            }
+        }
         Some(value)
     }
 
@@ -723,7 +759,7 @@ mod tests {
             ),
             (
                 "{ foo.bar: 1 }".into(),
-                "when.foo.bar: unknown field family `foo` (params, metadata, key, budget)",
+                "when.foo.bar: unknown field family `foo` (params, metadata, header, key, budget)",
             ),
             (
                 "{ tier: free }".into(),
@@ -734,6 +770,18 @@ mod tests {
                 "when.params.colour: unknown field `params.colour` (params.endpoint",
             ),
             ("{ key.secret: x }".into(), "when.key.secret: unknown field `key.secret`"),
+            // credential headers can never be read; header names are written in lower case
+            ("{ header.authorization: { $regex: '^Bearer sk-' } }".into(), "when.header.authorization: `header.authorization` carries a credential and can never be read by a condition"),
+            ("{ header.x-api-key: k }".into(), "when.header.x-api-key: `header.x-api-key` carries a credential"),
+            ("{ header.Cookie: k }".into(), "when.header.Cookie: `header.Cookie` carries a credential"),
+            ("{ header.proxy-authorization: k }".into(), "when.header.proxy-authorization: `header.proxy-authorization` carries a credential"),
+            ("{ header.X-Team: ads }".into(), "when.header.X-Team: header names are written in lower case: header.x-team"),
+            ("{ header.: ads }".into(), "when.header.: `header.` needs a header name"),
+            ("{ header.a b: ads }".into(), "when.header.a b: `a b` is not a header name"),
+            // closed fields refuse a value they never take, naming the ones they do
+            ("{ params.task: coding }".into(), "when.params.task: `params.task` is never `coding`; it is one of code, chat"),
+            ("{ params.agent: { $in: [codex, claude] } }".into(), "when.params.agent.$in[1]: `params.agent` is never `claude`; it is one of claude-code, codex, aider, cursor, langchain, litellm, openai-sdk, anthropic-sdk, unknown"),
+            ("{ params.agent: { $gt: 1 } }".into(), "when.params.agent.$gt: `$gt` compares numbers and `params.agent` is a string"),
             ("{ metadata.: x }".into(), "when.metadata.: `metadata.` needs a label name"),
             ("{}".into(), "when: an empty condition"),
             ("null".into(), "when: a condition is an object"),

@@ -3,10 +3,12 @@
 //!
 //! A condition is `{field: value}` (equality), `{field: {$op: value, ...}}` (every operator must
 //! hold), `{$and: [...]}` / `{$or: [...]}`, or an object of several of these (all must hold),
-//! with `$eq $ne $gt $gte $lt $lte $in $nin $regex`. Fields belong to four closed families:
-//! `params.{endpoint,stream,tools,vision,model,max_tokens,prompt_tokens}` (derived by signalbox
-//! from the request it is serving), `metadata.<key>` (the caller's `x-llm-metadata` labels:
-//! untrusted), `key.{id,user}` and `budget.{used_pct,remaining_usd}` (the caller key's).
+//! with `$eq $ne $gt $gte $lt $lte $in $nin $regex`. Fields belong to five closed families:
+//! `params.{endpoint,stream,tools,vision,model,max_tokens,prompt_tokens,task,agent}` (derived
+//! by signalbox from the request it is serving), `metadata.<key>` (the caller's
+//! `x-llm-metadata` labels: untrusted), `header.<name>` (a request header, never a credential
+//! one), `key.{id,user}` and `budget.{used_pct,remaining_usd}` (the
+//! caller key's).
 //!
 //! Evaluation never fails: a field the request does not have, or a value of another type,
 //! makes that comparison false — for `$ne` and `$nin` too, so a condition never matches on
@@ -27,6 +29,19 @@ pub const REGEX_SIZE_LIMIT: usize = 256 * 1024;
 /// The most rules a config may hold.
 pub const MAX_RULES: usize = 256;
 
+/// Headers no condition may read beyond the credential headers every part of the config
+/// refuses ([`CREDENTIAL_HEADERS`](super::CREDENTIAL_HEADERS)): Google's key, and the token
+/// that marks the gateway's own calls. A rule matching on a secret would route by it.
+const ALSO_SECRET: [&str; 2] = ["x-goog-api-key", "x-llm-internal-token"];
+
+/// Whether a condition is refused for reading `name` (lower case).
+fn is_secret_header(name: &str) -> bool {
+    super::CREDENTIAL_HEADERS.contains(&name) || ALSO_SECRET.contains(&name)
+}
+
+/// The values of `params.task`: `code` when the last user turn holds a fenced code block.
+pub const TASKS: &[&str] = &["code", "chat"];
+
 /// A field a condition reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Field {
@@ -45,8 +60,15 @@ pub enum Field {
     MaxTokens,
     /// `params.prompt_tokens`: signalbox's estimate of the prompt's size.
     PromptTokens,
+    /// `params.task`: `code` when the last user turn holds a fenced code block, else `chat`.
+    Task,
+    /// `params.agent`: the client named by `user-agent` (`crate::adapters::agent`).
+    Agent,
     /// `metadata.<key>`: a label from `x-llm-metadata`.
     Metadata(Box<str>),
+    /// `header.<name>`: a request header's value (its first, when repeated), by its lower-case
+    /// name; never a credential's.
+    Header(Box<str>),
     /// `key.id`: the caller key's id.
     KeyId,
     /// `key.user`: the caller key's user.
@@ -69,7 +91,10 @@ impl Field {
             ("params", "model") => Field::Model,
             ("params", "max_tokens") => Field::MaxTokens,
             ("params", "prompt_tokens") => Field::PromptTokens,
+            ("params", "task") => Field::Task,
+            ("params", "agent") => Field::Agent,
             ("metadata", k) if !k.is_empty() => Field::Metadata(k.into()),
+            ("header", h) if header_name_problem(h).is_none() => Field::Header(h.into()),
             ("key", "id") => Field::KeyId,
             ("key", "user") => Field::KeyUser,
             ("budget", "used_pct") => Field::BudgetUsedPct,
@@ -77,6 +102,29 @@ impl Field {
             _ => return None,
         })
     }
+}
+
+/// What keeps `name` from being a `header.<name>` field, or `None` when it may be one: it must
+/// be a lower-case header name and not a credential's.
+pub fn header_name_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        return Some("`header.` needs a header name, such as header.x-team".to_string());
+    }
+    if is_secret_header(&name.to_ascii_lowercase()) {
+        return Some(format!(
+            "`header.{name}` carries a credential and can never be read by a condition"
+        ));
+    }
+    if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+        return Some(format!("`{name}` is not a header name"));
+    }
+    if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Some(format!(
+            "header names are written in lower case: header.{}",
+            name.to_ascii_lowercase()
+        ));
+    }
+    None
 }
 
 /// Compile a pattern under the condition language's bounds (at most [`MAX_REGEX_LEN`] bytes,

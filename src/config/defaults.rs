@@ -127,6 +127,17 @@ pub const PREFIX_BYTES: usize = 1024;
 /// `routing.custom_weights`: the `balanced` blend.
 pub const CUSTOM_WEIGHTS: Weights = Weights::BALANCED;
 
+// === scoring: the multipliers of the scored strategies (seed 000) ===
+
+/// `scoring.headroom_threshold`: past 80 % of its fuller window a deployment is held back.
+pub const HEADROOM_THRESHOLD: f64 = 0.8;
+/// `scoring.headroom_floor`: the headroom factor of a full window.
+pub const HEADROOM_FLOOR: f64 = 0.1;
+/// `scoring.rate_limit_penalty`: a 429 halves the score at once.
+pub const RATE_LIMIT_PENALTY: f64 = 0.5;
+/// `scoring.rate_limit_decay`: and the penalty is gone a minute later.
+pub const RATE_LIMIT_DECAY: Duration = Duration::from_secs(60);
+
 // === ledger and shared state ===
 
 /// `ledger.queue`: rows waiting for the writer (about 25 s of a busy replica at 2.5k rows/s).

@@ -35,12 +35,12 @@ use std::path::Path;
 pub use defaults::PRIORITY as DEFAULT_PRIORITY;
 pub use types::{
     AdminConfig, AliasConfig, AskedStrategy, BaseUrl, BudgetConfig, BudgetPeriod, Capabilities,
-    ChainConfig, ClientKeyConfig, ClientKeySource, Config, CredentialConfig, DegradedPolicy,
-    DeploymentConfig, Failover, GlobAlias, HeaderGlobs, HealthPolicy, Hedge, HedgeAfter,
-    KeyRoutingConfig, KeySource, LedgerConfig, LedgerStore, Limits, Listen, LogConfig, LogFormat,
-    ModelConfig, PolicyConfig, PolicyTarget, Price, ProviderConfig, ProviderKind, RequestConfig,
-    ResponseConfig, RouterConfig, RoutingKnobs, RuleConfig, RuleTarget, Scheme, SelectEntry,
-    StateConfig, Strategy, Weights,
+    ChainConfig, ClientKeyConfig, ClientKeySource, Config, CredentialChoice, CredentialConfig,
+    DegradedPolicy, DeploymentConfig, Failover, GlobAlias, HeaderGlobs, HealthPolicy, Hedge,
+    HedgeAfter, KeyRoutingConfig, KeySource, LedgerConfig, LedgerStore, Limits, Listen, LogConfig,
+    LogFormat, ModelConfig, PolicyConfig, PolicyTarget, Price, ProviderConfig, ProviderKind,
+    RequestConfig, ResponseConfig, RouterConfig, RoutingKnobs, RuleConfig, RuleTarget, Scheme,
+    SelectEntry, StateConfig, Strategy, Weights,
 };
 pub use types::{
     ChecksConfig, GuardrailCheck, GuardrailMode, GuardrailProfile, GuardrailUse, GuardrailsConfig,

@@ -37,6 +37,9 @@ pub struct ConfigFile {
     pub health: HealthSection,
     #[serde(default)]
     pub routing: RoutingSection,
+    /// The headroom and rate-limit multipliers of the scored strategies.
+    #[serde(default)]
+    pub scoring: ScoringSection,
     #[serde(default)]
     pub pingora: PingoraSection,
     /// Named routing policies, callable as a model name, by `x-llm-route` or `routing.policy`.
@@ -313,6 +316,10 @@ pub struct ProviderSection {
     /// Header fields sent on every request to this provider (an API version, a project id).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// How a request picks among the credentials: `round_robin` (the default) or
+    /// `least_remaining_quota`.
+    #[serde(default)]
+    pub credential_choice: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -588,6 +595,20 @@ impl Default for RoutingSection {
             custom_weights: None,
         }
     }
+}
+
+/// `scoring`: the multipliers of the scored strategies; each key optional.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ScoringSection {
+    #[serde(default)]
+    pub headroom_threshold: Option<f64>,
+    #[serde(default)]
+    pub headroom_floor: Option<f64>,
+    #[serde(default)]
+    pub rate_limit_penalty: Option<f64>,
+    #[serde(default)]
+    pub rate_limit_decay: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Clone, Copy)]

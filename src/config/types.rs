@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::condition::Condition;
 use super::defaults;
 use super::schema::PingoraSection;
-pub use super::vocab::{AskedStrategy, LogFormat, Strategy, Weights};
+pub use super::vocab::{AskedStrategy, CredentialChoice, LogFormat, Strategy, Weights};
 use crate::server_tls::ServerCert;
 
 /// A validated configuration. Indices (`provider`, `model`) point into the vectors here.
@@ -310,6 +310,35 @@ pub struct RoutingKnobs {
     pub session_ttl: Duration,
     pub prefix_bytes: usize,
     pub custom_weights: Weights,
+    /// The multipliers scored strategies apply (`scoring`).
+    pub scoring: Scoring,
+}
+
+/// The two multipliers of a scored strategy (`scoring`, seed 000): `effective = base ×
+/// headroom factor × rate-limit factor`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scoring {
+    /// The share of a deployment's fuller `rpm`/`tpm` window past which its headroom factor
+    /// falls (below it, 1).
+    pub headroom_threshold: f64,
+    /// The headroom factor of a full window: it falls linearly from 1 at the threshold to this.
+    pub headroom_floor: f64,
+    /// What a 429 on a credential takes off its deployments' scores at once (the factor is
+    /// `1 − penalty`), fading back over `rate_limit_decay`.
+    pub rate_limit_penalty: f64,
+    /// How long the rate-limit penalty takes to fade away; zero: no penalty.
+    pub rate_limit_decay: Duration,
+}
+
+impl Default for Scoring {
+    fn default() -> Self {
+        Self {
+            headroom_threshold: defaults::HEADROOM_THRESHOLD,
+            headroom_floor: defaults::HEADROOM_FLOOR,
+            rate_limit_penalty: defaults::RATE_LIMIT_PENALTY,
+            rate_limit_decay: defaults::RATE_LIMIT_DECAY,
+        }
+    }
 }
 
 impl Default for RoutingKnobs {
@@ -320,6 +349,7 @@ impl Default for RoutingKnobs {
             session_ttl: defaults::SESSION_TTL,
             prefix_bytes: defaults::PREFIX_BYTES,
             custom_weights: defaults::CUSTOM_WEIGHTS,
+            scoring: Scoring::default(),
         }
     }
 }
@@ -419,6 +449,8 @@ pub struct ProviderConfig {
     pub budget: Option<BudgetConfig>,
     /// `headers`: sent on every request to this provider.
     pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// `credential_choice`.
+    pub credential_choice: CredentialChoice,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -195,3 +195,38 @@ pub enum CapabilitySection {
     Vision,
     JsonMode,
 }
+
+/// How a provider picks among its credentials (`providers.<id>.credential_choice`), apart from
+/// how candidates are ranked (seed 000).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CredentialChoice {
+    /// Each request starts at the next usable key.
+    #[default]
+    RoundRobin,
+    /// The usable key with the least quota left by the provider's own rate-limit headers
+    /// (`x-ratelimit-remaining-*`, `anthropic-ratelimit-*-remaining`) goes first: one key's
+    /// window is spent before the next is touched, so the others stay whole for a burst. A
+    /// key the provider reports at 0 rests until its reset; a key with no fresh reading
+    /// counts as full.
+    LeastRemainingQuota,
+}
+
+impl CredentialChoice {
+    /// The names a file may use.
+    pub const NAMES: &'static str = "round_robin, least_remaining_quota";
+
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "round_robin" => Some(Self::RoundRobin),
+            "least_remaining_quota" => Some(Self::LeastRemainingQuota),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RoundRobin => "round_robin",
+            Self::LeastRemainingQuota => "least_remaining_quota",
+        }
+    }
+}

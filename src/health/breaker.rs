@@ -310,6 +310,20 @@ pub struct CredentialHealth {
     /// Whether the current cooldown comes from a rejection (401/402/403) rather than a 429.
     rejected: AtomicBool,
     pub ejections_total: AtomicU64,
+    /// What the provider last said is left of this key's windows (`least_remaining_quota`).
+    quota: QuotaReading,
+}
+
+/// A credential's last remaining-quota reading: requests and tokens left (`u64::MAX`: not
+/// reported) and until when it holds (monotonic ms; 0: never read). Written by the answers
+/// that carry one, read by the credential choice; three relaxed words, so a reader may see
+/// one answer's requests beside another's tokens — both recent, which is all the choice
+/// needs.
+#[derive(Debug, Default)]
+struct QuotaReading {
+    requests: AtomicU64,
+    tokens: AtomicU64,
+    until_ms: AtomicU64,
 }
 
 impl CredentialHealth {
@@ -378,19 +392,36 @@ impl CredentialHealth {
         self.rejected.store(false, Ordering::Relaxed);
     }
 
-    /// The rate-limit factor: 0.5 right after a 429, back to 1.0 linearly over `fade_ms`.
-    pub fn rate_limit_factor(&self, now_ms: u64, fade_ms: u64) -> f64 {
+    /// Note what the provider says is left of this key's windows at `now_ms`.
+    pub fn note_quota(&self, r: &crate::limits::provider::Remaining, now_ms: u64) {
+        let q = &self.quota;
+        q.requests
+            .store(r.requests.unwrap_or(u64::MAX), Ordering::Relaxed);
+        q.tokens
+            .store(r.tokens.unwrap_or(u64::MAX), Ordering::Relaxed);
+        let holds = u64::try_from(r.holds_for.as_millis()).unwrap_or(u64::MAX);
+        q.until_ms
+            .store(now_ms.saturating_add(holds).max(1), Ordering::Relaxed);
+    }
+
+    /// What is left of this key's windows as last read — `(requests, tokens)`, `u64::MAX` for
+    /// a window not reported — or `(MAX, MAX)`, a full key, when there is no reading or it
+    /// has expired (its window has reset since).
+    pub fn quota_left(&self, now_ms: u64) -> (u64, u64) {
+        let q = &self.quota;
+        if now_ms >= q.until_ms.load(Ordering::Relaxed) {
+            return (u64::MAX, u64::MAX);
+        }
+        (
+            q.requests.load(Ordering::Relaxed),
+            q.tokens.load(Ordering::Relaxed),
+        )
+    }
+
+    /// When the last 429 with this key came (monotonic ms), if one has.
+    pub fn rate_limited_at(&self) -> Option<u64> {
         let at = self.last_rate_limited.load(Ordering::Relaxed);
-        if at == 0 || fade_ms == 0 {
-            return 1.0;
-        }
-        let since = now_ms.saturating_sub(at);
-        if since >= fade_ms {
-            return 1.0;
-        }
-        #[allow(clippy::cast_precision_loss)]
-        let f = since as f64 / fade_ms as f64;
-        0.5 + 0.5 * f
+        (at != 0).then_some(at)
     }
 }
 
@@ -730,13 +761,13 @@ mod tests {
             c.on_rejected(&p, 31_000),
             Transition::Ejected { until_ms: 41_000 }
         );
-        // A 429 with Retry-After cools for exactly that long; the factor then fades back.
+        // A 429 with Retry-After cools for exactly that long, and is remembered (scoring
+        // fades its penalty from then).
+        assert_eq!(c.rate_limited_at(), None);
         c.on_rate_limited(&p, Some(Duration::from_secs(2)), 50_000);
         assert_eq!(c.cooling_until(51_999), Some(52_000));
         assert_eq!(c.cooling_until(52_000), None);
-        assert!((c.rate_limit_factor(50_000, 60_000) - 0.5).abs() < 1e-9);
-        assert!((c.rate_limit_factor(80_000, 60_000) - 0.75).abs() < 1e-9);
-        assert!((c.rate_limit_factor(110_000, 60_000) - 1.0).abs() < 1e-9);
+        assert_eq!(c.rate_limited_at(), Some(50_000));
     }
 
     #[test]

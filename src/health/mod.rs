@@ -52,9 +52,6 @@ use crate::attempt::Outcome;
 use crate::catalog::{Catalog, DeploymentIdx, ProviderIdx};
 use crate::config::HealthPolicy;
 
-/// How long the rate-limit factor takes to fade back to 1 after a 429.
-pub const RATE_LIMIT_FADE: Duration = Duration::from_secs(60);
-
 /// What one finished attempt showed.
 #[derive(Debug, Clone, Copy)]
 pub struct Observation {
@@ -583,11 +580,10 @@ impl HealthRegistry {
             latency_ms: None,
             throughput: None,
             in_flight: 0,
-            rate_limit_factor: 1.0,
+            rate_limited_at_ms: None,
             soonest_ms: None,
         };
         let (mut ok, mut fail) = (0u32, 0u32);
-        let fade = clock::ms(RATE_LIMIT_FADE);
         for (ci, cred) in provider.credentials.iter().enumerate() {
             if !cred.usable {
                 continue;
@@ -631,9 +627,10 @@ impl HealthRegistry {
                     .saturating_add(th.in_flight.load(Ordering::Relaxed));
             }
             if let Some(c) = self.credential(dep.provider, ci) {
-                view.rate_limit_factor = view
-                    .rate_limit_factor
-                    .min(c.rate_limit_factor(now_ms, fade));
+                if let Some(at) = c.rate_limited_at() {
+                    view.rate_limited_at_ms =
+                        Some(view.rate_limited_at_ms.map_or(at, |v| v.max(at)));
+                }
             }
         }
         view.success_rate = (f64::from(ok) + 1.0) / (f64::from(ok) + f64::from(fail) + 1.0);
@@ -730,7 +727,9 @@ pub struct DeploymentView {
     pub latency_ms: Option<f64>,
     pub throughput: Option<f64>,
     pub in_flight: u32,
-    pub rate_limit_factor: f64,
+    /// When the most recent 429 on one of its credentials came (monotonic ms); scoring turns
+    /// it into the rate-limit factor.
+    pub rate_limited_at_ms: Option<u64>,
     /// When the soonest unavailable target frees up.
     pub soonest_ms: Option<u64>,
 }

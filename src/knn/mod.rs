@@ -274,7 +274,7 @@ fn choose_pool(
 
 /// The request's last user turn, embedded through the plan within `embed_timeout`.
 async fn embed(runtime: &Runtime, config: &KnnConfig, request: &CallerRequest) -> Option<Vec<f32>> {
-    let text = last_user_text(request);
+    let text = crate::adapters::input::last_user_text(request);
     if text.trim().is_empty() {
         return None;
     }
@@ -399,41 +399,6 @@ pub fn explain_json(snapshot: &Snapshot, routed: &Routed) -> Value {
     }
 }
 
-/// The text of the request's last user turn (the whole caller text when it has no messages).
-pub fn last_user_text(request: &CallerRequest) -> String {
-    let span = request.prompt();
-    if span.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
-        if let Ok(Value::Array(messages)) = serde_json::from_slice::<Value>(span) {
-            let last = messages
-                .iter()
-                .rev()
-                .find(|m| m.get("role").and_then(Value::as_str) == Some("user"));
-            if let Some(content) = last.and_then(|m| m.get("content")) {
-                return content_text(content);
-            }
-        }
-    }
-    crate::adapters::input::input_text(request)
-}
-
-fn content_text(c: &Value) -> String {
-    match c {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter(|p| {
-                matches!(
-                    p.get("type").and_then(Value::as_str),
-                    Some("text" | "input_text")
-                )
-            })
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -449,12 +414,15 @@ mod tests {
             ),
         )
         .unwrap();
-        assert_eq!(last_user_text(&request), "second");
+        assert_eq!(crate::adapters::input::last_user_text(&request), "second");
         let request = CallerRequest::parse(
             Surface::Responses,
             Bytes::from_static(br#"{"model":"m","input":"just this"}"#),
         )
         .unwrap();
-        assert_eq!(last_user_text(&request), "just this");
+        assert_eq!(
+            crate::adapters::input::last_user_text(&request),
+            "just this"
+        );
     }
 }

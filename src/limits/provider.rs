@@ -7,8 +7,10 @@
 //! - Anthropic: `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-remaining`
 //!   with `-reset` as an RFC 3339 time.
 //!
-//! Only an exhausted window (remaining `0`) is acted on; a missing or unreadable reset is no
-//! signal (the provider's 429 and `Retry-After` still cover it).
+//! An exhausted window (remaining `0`) rests the key; a missing or unreadable reset is no
+//! signal (the provider's 429 and `Retry-After` still cover it). For a provider whose
+//! credential choice is `least_remaining_quota`, [`remaining`] also reads what is left of each
+//! window, and for how long that reading holds.
 
 use std::time::{Duration, SystemTime};
 
@@ -84,6 +86,71 @@ pub fn exhausted_for(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
         .map(|d| d.min(MAX_PAUSE))
 }
 
+/// How long a remaining-quota reading without a reset is believed.
+pub const QUOTA_READING_TTL: Duration = Duration::from_secs(60);
+
+/// What a provider's answer says is left of a credential's windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Remaining {
+    /// Requests left in the request window, when the provider reports one.
+    pub requests: Option<u64>,
+    /// Tokens left (the fullest reported token window: the least left), when reported.
+    pub tokens: Option<u64>,
+    /// How long the reading holds: until the soonest reported window resets (then it refills),
+    /// [`QUOTA_READING_TTL`] when none says, at most [`MAX_PAUSE`].
+    pub holds_for: Duration,
+}
+
+/// What is left of the credential's windows, from the provider's headers; `None` when it
+/// reports none.
+pub fn remaining(headers: &HeaderMap, now: SystemTime) -> Option<Remaining> {
+    let count =
+        |name: &str| -> Option<u64> { headers.get(name)?.to_str().ok()?.trim().parse().ok() };
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let mut out = Remaining {
+        requests: None,
+        tokens: None,
+        holds_for: MAX_PAUSE,
+    };
+    let mut reset_seen = false;
+    let mut note = |left: u64, requests: bool, reset: Option<Duration>, out: &mut Remaining| {
+        let slot = if requests {
+            &mut out.requests
+        } else {
+            &mut out.tokens
+        };
+        *slot = Some(slot.map_or(left, |s| s.min(left)));
+        if let Some(r) = reset {
+            reset_seen = true;
+            out.holds_for = out.holds_for.min(r);
+        }
+    };
+    for (i, (left, reset)) in OPENAI.iter().enumerate() {
+        if let Some(n) = count(left) {
+            note(n, i == 0, text(reset).and_then(parse_go_duration), &mut out);
+        }
+    }
+    for (i, (left, reset)) in ANTHROPIC.iter().enumerate() {
+        if let Some(n) = count(left) {
+            let reset = text(reset)
+                .and_then(|t| rfc3339::parse(t.trim()))
+                .map(|at| {
+                    SystemTime::from(at)
+                        .duration_since(now)
+                        .unwrap_or(Duration::ZERO)
+                });
+            note(n, i == 0, reset, &mut out);
+        }
+    }
+    if out.requests.is_none() && out.tokens.is_none() {
+        return None;
+    }
+    if !reset_seen {
+        out.holds_for = QUOTA_READING_TTL;
+    }
+    Some(out)
+}
+
 /// A Go duration as OpenAI writes resets: `1s`, `6m0s`, `20ms`, `1h2m3.5s`. (Public for the
 /// property tests.)
 #[doc(hidden)]
@@ -146,6 +213,54 @@ mod tests {
         );
         assert_eq!(parse_go_duration("soon"), None);
         assert_eq!(parse_go_duration(""), None);
+    }
+
+    #[test]
+    fn the_remaining_quota_and_how_long_it_holds() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_796_126_400); // 2026-12-01T12:00:00Z
+        let openai = headers(&[
+            ("x-ratelimit-remaining-requests", "42"),
+            ("x-ratelimit-reset-requests", "20s"),
+            ("x-ratelimit-remaining-tokens", "9000"),
+            ("x-ratelimit-reset-tokens", "1m"),
+        ]);
+        assert_eq!(
+            remaining(&openai, now),
+            Some(Remaining {
+                requests: Some(42),
+                tokens: Some(9000),
+                holds_for: Duration::from_secs(20),
+            })
+        );
+        // Anthropic's token windows: the one with the least left counts.
+        let anthropic = headers(&[
+            ("anthropic-ratelimit-requests-remaining", "7"),
+            ("anthropic-ratelimit-input-tokens-remaining", "500"),
+            ("anthropic-ratelimit-output-tokens-remaining", "80"),
+            (
+                "anthropic-ratelimit-output-tokens-reset",
+                "2026-12-01T12:00:45Z",
+            ),
+        ]);
+        assert_eq!(
+            remaining(&anthropic, now),
+            Some(Remaining {
+                requests: Some(7),
+                tokens: Some(80),
+                holds_for: Duration::from_secs(45),
+            })
+        );
+        // No reset: believed for a minute.
+        let bare = headers(&[("x-ratelimit-remaining-requests", "3")]);
+        assert_eq!(
+            remaining(&bare, now).map(|r| (r.requests, r.holds_for)),
+            Some((Some(3), QUOTA_READING_TTL))
+        );
+        assert_eq!(remaining(&headers(&[("x-other", "1")]), now), None);
+        assert_eq!(
+            remaining(&headers(&[("x-ratelimit-remaining-requests", "many")]), now),
+            None
+        );
     }
 
     #[test]

@@ -110,6 +110,8 @@ pub fn route_request(
     let seed = stable_hash(ctx.request_id.as_bytes());
     let mut steering = steering_headers.steer(ctx.surface, request, seed);
     steering.key = access::facts(ctx, snapshot);
+    let lookup = |name: &str| headers.get(name).map(http::HeaderValue::as_bytes);
+    steering.headers = Some(decide::HeaderLookup(&lookup));
     let routed = decide::route(snapshot, &steering).map_err(|e| e.answer(request))?;
     Ok((routed, seed))
 }

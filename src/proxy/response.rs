@@ -19,7 +19,8 @@ use crate::adapters::relay::{is_context_length_error, stream_error_event, Relay,
 use crate::adapters::stream::InbandError;
 use crate::attempt::{self, BodyEnd, Outcome, ProviderError, Sent, Shown, Unreadable, Verdict};
 use crate::catalog::surface::Conversion;
-use crate::limits::provider::exhausted_for;
+use crate::config::CredentialChoice;
+use crate::limits::provider::{exhausted_for, remaining};
 
 /// Cap on a provider's `Retry-After` when `health.max_ejection` sets none.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(3600);
@@ -53,6 +54,17 @@ pub fn read_header(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader)
         if let Some(c) = health.credential(live.provider, live.target.credential) {
             let millis = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
             c.on_exhausted(health.shared.now_ms().saturating_add(millis));
+        }
+    }
+    // A provider whose keys are chosen by their remaining quota: note what this answer says
+    // is left of this key's windows (only then are the counts read).
+    if snapshot.catalog.provider(live.provider).credential_choice
+        == CredentialChoice::LeastRemainingQuota
+    {
+        if let Some(left) = remaining(&upstream_response.headers, wall) {
+            if let Some(c) = health.credential(live.provider, live.target.credential) {
+                c.note_quota(&left, health.shared.now_ms());
+            }
         }
     }
     let verdict = attempt::judge(Sent::Header { status }, a.terms, false);

@@ -31,6 +31,7 @@ use super::{resolve, Resolution, ResolveError, RouteIdx, RouteTable};
 use crate::adapters::caller::CallerRequest;
 use crate::adapters::facts::Complexity;
 use crate::adapters::tokenizer::{self, Encoding};
+use crate::adapters::{agent, input};
 use crate::catalog::surface::Surface;
 use crate::catalog::{Catalog, Deployment, DeploymentIdx, ProviderIdx};
 use crate::config::condition::{FactValue, Facts, Field};
@@ -143,6 +144,7 @@ impl SteeringHeaders {
         Steering {
             surface,
             key: None,
+            headers: None,
             request,
             route_header: self.route.as_deref(),
             router_off: self.router_off,
@@ -159,6 +161,9 @@ pub struct Steering<'a> {
     pub surface: Surface,
     /// The caller's key, when keys are configured (conditions on `key.*` and `budget.*`).
     pub key: Option<KeyFacts<'a>>,
+    /// The request's headers (`header.<name>`, `params.agent`); `None` reads as a request
+    /// without any.
+    pub headers: Option<HeaderLookup<'a>>,
     pub request: &'a CallerRequest,
     /// `x-llm-route`.
     pub route_header: Option<&'a str>,
@@ -168,6 +173,17 @@ pub struct Steering<'a> {
     /// The request's own seed (from its id): a weighted policy draw is independent of every
     /// other request's.
     pub seed: u64,
+}
+
+/// A request's headers as conditions read them: a header's value by its lower-case name (the
+/// proxy's header map, or explain's). Looked up only when a condition reads a header.
+#[derive(Clone, Copy)]
+pub struct HeaderLookup<'a>(pub &'a dyn Fn(&str) -> Option<&'a [u8]>);
+
+impl std::fmt::Debug for HeaderLookup<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HeaderLookup")
+    }
 }
 
 /// What conditions may read about the caller's key.
@@ -186,12 +202,29 @@ pub struct KeyFacts<'a> {
 }
 
 /// The facts conditions read, from one request.
-struct RequestFactsView<'a> {
-    steering: &'a Steering<'a>,
-    model: &'a str,
+struct RequestFactsView<'v, 's> {
+    steering: &'v Steering<'s>,
+    model: &'v str,
+    /// `params.task`, worked out the first time a condition reads it (it may parse the
+    /// messages).
+    task: std::cell::OnceCell<&'static str>,
 }
 
-impl Facts for RequestFactsView<'_> {
+impl<'v, 's> RequestFactsView<'v, 's> {
+    fn new(steering: &'v Steering<'s>, model: &'v str) -> Self {
+        Self {
+            steering,
+            model,
+            task: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&'s [u8]> {
+        (self.steering.headers?.0)(name)
+    }
+}
+
+impl Facts for RequestFactsView<'_, '_> {
     fn get(&self, field: &Field) -> Option<FactValue<'_>> {
         let r = self.steering.request;
         #[allow(clippy::cast_precision_loss)]
@@ -203,7 +236,10 @@ impl Facts for RequestFactsView<'_> {
             Field::Model => FactValue::Str(self.model),
             Field::MaxTokens => FactValue::Num(r.max_tokens()? as f64),
             Field::PromptTokens => FactValue::Num(r.prompt_tokens() as f64),
+            Field::Task => FactValue::Str(self.task.get_or_init(|| input::task(r))),
+            Field::Agent => FactValue::Str(agent::of_user_agent(self.header("user-agent"))),
             Field::Metadata(k) => return self.steering.metadata.get(k),
+            Field::Header(name) => FactValue::Str(std::str::from_utf8(self.header(name)?).ok()?),
             // No caller keys yet: these never match.
             Field::KeyId => FactValue::Str(self.steering.key?.id?),
             Field::KeyUser => FactValue::Str(self.steering.key?.user?),
@@ -286,10 +322,7 @@ pub enum DecideError {
 pub fn route(tables: &RouteTable, steering: &Steering<'_>) -> Result<Routed, DecideError> {
     let request = steering.request;
     let model = request.model_name();
-    let facts = RequestFactsView {
-        steering,
-        model: &model,
-    };
+    let facts = RequestFactsView::new(steering, &model);
     let overrides = request.routing();
     let named_policy = match (
         overrides.and_then(|r| r.policy.as_deref()),
@@ -353,10 +386,7 @@ pub fn route(tables: &RouteTable, steering: &Steering<'_>) -> Result<Routed, Dec
 /// checked against; the request path stops at the first that holds).
 pub fn rules_holding(tables: &RouteTable, steering: &Steering<'_>) -> Vec<bool> {
     let model = steering.request.model_name();
-    let facts = RequestFactsView {
-        steering,
-        model: &model,
-    };
+    let facts = RequestFactsView::new(steering, &model);
     tables
         .rules
         .iter()
@@ -500,6 +530,7 @@ pub fn plan(
         let by = RankBy {
             strategy: routed.strategy,
             custom: tables.routing.custom_weights,
+            scoring: tables.routing.scoring,
             now_ms: env.now_ms,
             tokens: (facts.input_tokens, facts.output_tokens),
         };

@@ -42,7 +42,7 @@ use crate::adapters::facts::Needs;
 use crate::attempt::{Advance, NoCall};
 use crate::catalog::stable_hash;
 use crate::catalog::{Catalog, Deployment, DeploymentIdx, ProviderIdx};
-use crate::config::{ProviderKind, Strategy};
+use crate::config::{CredentialChoice, ProviderKind, Strategy};
 use crate::health::breaker::FULL_HEALTH;
 use crate::health::{Admission, HealthRegistry, TargetRef, Unavailable};
 use crate::limits::budget::{cost_micro_usd, seconds_to_reset};
@@ -833,7 +833,10 @@ impl Plan {
         if n == 0 {
             return None;
         }
-        let start = p.credential_cursor.load(Ordering::Relaxed);
+        let mut start = p.credential_cursor.load(Ordering::Relaxed);
+        if p.credential_choice == CredentialChoice::LeastRemainingQuota {
+            start = self.least_quota_first(env, pos, d.0, start);
+        }
         // A recovering credential found on the way, taken only if no full-health one is.
         let mut recovering: Option<(usize, u32)> = None;
         let mut half_open: Option<usize> = None;
@@ -876,6 +879,36 @@ impl Plan {
             return None;
         }
         half_open.map(|ci| Self::choice(d, pos, ci, true))
+    }
+
+    /// Under `least_remaining_quota`: the untried usable credential with the least quota left
+    /// (requests, then tokens; a key without a fresh reading counts as full), ties to the
+    /// first from the cursor. The walk then starts there and goes round as usual, so a key
+    /// that cannot be admitted hands over to the next in rotation.
+    fn least_quota_first(
+        &self,
+        env: &PlanEnv<'_>,
+        pos: usize,
+        provider: ProviderIdx,
+        cursor: usize,
+    ) -> usize {
+        let p = env.catalog.provider(provider);
+        let n = p.credentials.len();
+        let mut best: Option<(usize, (u64, u64))> = None;
+        for k in 0..n {
+            let ci = (cursor + k) % n;
+            if !p.credentials[ci].usable || self.tried.contains(&(pos, ci)) {
+                continue;
+            }
+            let left = env
+                .health
+                .credential(provider, ci)
+                .map_or((u64::MAX, u64::MAX), |c| c.quota_left(env.now_ms));
+            if best.is_none_or(|(_, b)| left < b) {
+                best = Some((ci, left));
+            }
+        }
+        best.map_or(cursor, |(ci, _)| ci)
     }
 
     fn draw_permille(&mut self) -> u32 {

@@ -47,7 +47,12 @@ impl Rankings {
                             &tables.catalog,
                             health,
                             part,
-                            RankBy::nominal(s.strategy, tables.routing.custom_weights, now_ms),
+                            RankBy::nominal(
+                                s.strategy,
+                                tables.routing.custom_weights,
+                                tables.routing.scoring,
+                                now_ms,
+                            ),
                         ));
                     }
                 }

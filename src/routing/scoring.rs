@@ -15,13 +15,16 @@
 //! - speed: 0.7 × fastest TTFB / this TTFB + 0.3 × this throughput / best throughput, each
 //!   0.5 when unknown;
 //! - capability: the model's tier / the best tier among the candidates;
-//! - headroom: 1 below 80 % of the fuller of the deployment's `rpm`/`tpm` windows (other
-//!   replicas' counts included when state is shared), falling linearly to 0.1 at 100 %;
-//! - rate-limit factor: 0.5 right after a 429 on its credential, back to 1 over a minute.
+//! - headroom: 1 below `scoring.headroom_threshold` (80 %) of the fuller of the deployment's
+//!   `rpm`/`tpm` windows (other replicas' counts included when state is shared), falling
+//!   linearly to `scoring.headroom_floor` (0.1) at 100 %;
+//! - rate-limit factor: `1 − scoring.rate_limit_penalty` (0.5) right after a 429 on one of its
+//!   credentials, back to 1 over `scoring.rate_limit_decay` (a minute).
 
 use std::cmp::Ordering;
 
 use crate::catalog::{Catalog, Deployment, DeploymentIdx};
+use crate::config::types::Scoring;
 use crate::config::{Strategy, Weights};
 use crate::health::breaker::FULL_HEALTH;
 use crate::health::{DeploymentView, HealthRegistry};
@@ -55,15 +58,18 @@ pub struct Facts {
     pub capability: u8,
     pub view: DeploymentView,
     pub headroom: f64,
+    pub rate_limit: f64,
 }
 
-/// Gather the facts for `candidates`, costs for a request of `tokens` (input, output).
+/// Gather the facts for `candidates`, costs for a request of `tokens` (input, output), the
+/// multipliers under `scoring`.
 pub fn facts(
     catalog: &Catalog,
     health: &HealthRegistry,
     candidates: &[DeploymentIdx],
     now_ms: u64,
     tokens: (u64, u64),
+    scoring: &Scoring,
 ) -> Vec<Facts> {
     let wall_s = health.shared.wall_s();
     candidates
@@ -72,7 +78,8 @@ pub fn facts(
             let d = catalog.deployment(idx);
             let capability = d.model.map_or(1, |m| catalog.model(m).capability);
             let view = health.deployment_view(catalog, idx, now_ms);
-            let headroom = headroom_factor(window_use(d, wall_s));
+            let headroom = headroom_factor(window_use(d, wall_s), scoring);
+            let rate_limit = rate_limit_factor(view.rate_limited_at_ms, now_ms, scoring);
             Facts {
                 idx,
                 priority: d.priority,
@@ -80,6 +87,7 @@ pub fn facts(
                 capability,
                 view,
                 headroom,
+                rate_limit,
             }
         })
         .collect()
@@ -95,14 +103,32 @@ pub fn window_use(d: &Deployment, wall_s: u64) -> f64 {
     rpm.max(tpm)
 }
 
-/// The headroom factor of a window `u` in use (0 to 1): 1 below 80 %, falling linearly to
-/// 0.1 at 100 %.
-pub fn headroom_factor(u: f64) -> f64 {
-    if u < 0.8 {
-        1.0
-    } else {
-        (1.0 - (u - 0.8) / 0.2 * 0.9).max(0.1)
+/// The headroom factor of a window `u` in use (0 to 1): 1 below the threshold, falling
+/// linearly to the floor at 100 %.
+pub fn headroom_factor(u: f64, s: &Scoring) -> f64 {
+    let t = s.headroom_threshold;
+    if u < t {
+        return 1.0;
     }
+    let past = ((u - t) / (1.0 - t)).min(1.0);
+    1.0 - past * (1.0 - s.headroom_floor)
+}
+
+/// The rate-limit factor of a deployment whose credential last saw a 429 at `at_ms`:
+/// `1 − penalty` at once, back to 1 linearly over the decay (none without a 429, or with a
+/// zero decay).
+pub fn rate_limit_factor(at_ms: Option<u64>, now_ms: u64, s: &Scoring) -> f64 {
+    let decay = u64::try_from(s.rate_limit_decay.as_millis()).unwrap_or(u64::MAX);
+    let Some(at) = at_ms.filter(|_| decay > 0) else {
+        return 1.0;
+    };
+    let since = now_ms.saturating_sub(at);
+    if since >= decay {
+        return 1.0;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let faded = since as f64 / decay as f64;
+    1.0 - s.rate_limit_penalty * (1.0 - faded)
 }
 
 /// The blend weights of a scored strategy; `None` for strategies with their own order.
@@ -150,7 +176,7 @@ pub fn effective_scores(all: &[Facts], w: Weights) -> Vec<f64> {
             let speed = 0.7 * ttfb_part + 0.3 * tp_part;
             let capability = f64::from(f.capability) / f64::from(best_cap);
             let base = w.reliability * reliability(f) + w.speed * speed + w.capability * capability;
-            base * f.headroom * f.view.rate_limit_factor
+            base * f.headroom * f.rate_limit
         })
         .collect()
 }
@@ -166,16 +192,18 @@ fn unknown_last(v: Option<f64>) -> f64 {
 pub struct RankBy {
     pub strategy: Strategy,
     pub custom: Weights,
+    pub scoring: Scoring,
     pub now_ms: u64,
     pub tokens: (u64, u64),
 }
 
 impl RankBy {
     /// The shared tables' ranking: a nominal request.
-    pub fn nominal(strategy: Strategy, custom: Weights, now_ms: u64) -> Self {
+    pub fn nominal(strategy: Strategy, custom: Weights, scoring: Scoring, now_ms: u64) -> Self {
         Self {
             strategy,
             custom,
+            scoring,
             now_ms,
             tokens: (NOMINAL_INPUT_TOKENS, NOMINAL_OUTPUT_TOKENS),
         }
@@ -192,10 +220,11 @@ pub fn rank(
     let RankBy {
         strategy,
         custom,
+        scoring,
         now_ms,
         tokens,
     } = by;
-    let all = facts(catalog, health, candidates, now_ms, tokens);
+    let all = facts(catalog, health, candidates, now_ms, tokens, &scoring);
     let mut order: Vec<usize> = (0..all.len()).collect();
     let by = |a: &Facts, b: &Facts| -> Ordering {
         match strategy {
@@ -257,7 +286,7 @@ models:
 "#;
 
     fn order(k: &Fixture, strategy: Strategy, custom: Weights) -> Vec<String> {
-        let by = RankBy::nominal(strategy, custom, k.shared.now_ms());
+        let by = RankBy::nominal(strategy, custom, Scoring::default(), k.shared.now_ms());
         rank(&k.catalog, &k.health, &k.deployments(), by)
             .iter()
             .map(|d| k.catalog.deployment(*d).upstream_model.to_string())
@@ -282,7 +311,12 @@ models:
         let rank_for = |tokens| {
             let by = RankBy {
                 tokens,
-                ..RankBy::nominal(Strategy::Cheapest, Weights::BALANCED, k.shared.now_ms())
+                ..RankBy::nominal(
+                    Strategy::Cheapest,
+                    Weights::BALANCED,
+                    Scoring::default(),
+                    k.shared.now_ms(),
+                )
             };
             rank(&k.catalog, &k.health, &k.deployments(), by)
                 .iter()
@@ -365,9 +399,41 @@ models:
             order(&k, Strategy::Balanced, Weights::BALANCED),
             ["b", "m", "s"]
         );
-        assert!((headroom_factor(0.0) - 1.0).abs() < 1e-9);
-        assert!((headroom_factor(0.9) - 0.55).abs() < 1e-9);
-        assert!((headroom_factor(1.0) - 0.1).abs() < 1e-9);
+        let d = Scoring::default();
+        assert!((headroom_factor(0.0, &d) - 1.0).abs() < 1e-9);
+        assert!((headroom_factor(0.9, &d) - 0.55).abs() < 1e-9);
+        assert!((headroom_factor(1.0, &d) - 0.1).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_multipliers_follow_their_settings() {
+        let s = Scoring {
+            headroom_threshold: 0.5,
+            headroom_floor: 0.0,
+            rate_limit_penalty: 0.8,
+            rate_limit_decay: Duration::from_secs(10),
+        };
+        assert!((headroom_factor(0.49, &s) - 1.0).abs() < 1e-9);
+        assert!((headroom_factor(0.75, &s) - 0.5).abs() < 1e-9);
+        assert!(headroom_factor(1.0, &s).abs() < 1e-9);
+        // Past 100 % (another replica's counts) it stays at the floor.
+        assert!(headroom_factor(1.3, &s).abs() < 1e-9);
+        // The defaults: 0.5 right after a 429, back to 1 over a minute.
+        let d = Scoring::default();
+        assert!((rate_limit_factor(Some(50_000), 50_000, &d) - 0.5).abs() < 1e-9);
+        assert!((rate_limit_factor(Some(50_000), 80_000, &d) - 0.75).abs() < 1e-9);
+        assert!((rate_limit_factor(Some(50_000), 110_000, &d) - 1.0).abs() < 1e-9);
+        assert!((rate_limit_factor(None, 50_000, &d) - 1.0).abs() < 1e-9);
+        // A heavier penalty over a shorter decay.
+        assert!((rate_limit_factor(Some(1_000), 1_000, &s) - 0.2).abs() < 1e-9);
+        assert!((rate_limit_factor(Some(1_000), 6_000, &s) - 0.6).abs() < 1e-9);
+        assert!((rate_limit_factor(Some(1_000), 11_000, &s) - 1.0).abs() < 1e-9);
+        // No decay: no penalty.
+        let off = Scoring {
+            rate_limit_decay: Duration::ZERO,
+            ..d
+        };
+        assert!((rate_limit_factor(Some(1_000), 1_000, &off) - 1.0).abs() < 1e-9);
     }
 
     #[test]

@@ -98,7 +98,12 @@ pub async fn explain_embedded(
                 header("x-llm-metadata"),
             )
             .ok()
-            .and_then(|h| decide::route(&tables, &h.steer(surface, &request, 0)).ok())
+            .and_then(|h| {
+                let mut steering = h.steer(surface, &request, 0);
+                let lookup = |name: &str| header(name);
+                steering.headers = Some(decide::HeaderLookup(&lookup));
+                decide::route(&tables, &steering).ok()
+            })
             .is_some_and(|r| r.knn_pending());
             vector = crate::knn::explain_vector(router, &request, pending).await;
         }
@@ -219,6 +224,8 @@ fn explain_in<'a>(
     // A fixed seed per body: the same request explains the same way twice.
     let seed = stable_hash(request.prompt());
     let mut steering = headers.steer(surface, &request, seed);
+    let lookup = |name: &str| header(name);
+    steering.headers = Some(decide::HeaderLookup(&lookup));
     let now_s = view.health.wall_s();
     let budget = match caller.budget_used_pct {
         Some(pct) => {
@@ -321,6 +328,8 @@ fn explain_in<'a>(
             "vision": request.needs().vision,
             "json_mode": request.needs().json_mode,
             "prompt_tokens": request.prompt_tokens(),
+            "task": crate::adapters::input::task(&request),
+            "agent": crate::adapters::agent::of_user_agent(header("user-agent")),
         },
         "first": plan.first_position().map(|p| json!({
             "candidate": name(p),

@@ -113,7 +113,8 @@ pub fn validate(file: ConfigFile) -> Result<Config, ConfigErrors> {
 
     server::validate_pingora(&file.pingora, &mut errs);
     let health = health::validate_health(&file.health, &mut errs);
-    let routing = routing::validate_routing(&file.routing, &mut errs);
+    let mut routing = routing::validate_routing(&file.routing, &mut errs);
+    routing.scoring = routing::validate_scoring(&file.scoring, &mut errs);
     let admin = admin::validate_admin(&file.admin, &mut errs);
     let log = log::validate_log(&file.log, &mut errs);
     let response = super::types::ResponseConfig {

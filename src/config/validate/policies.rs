@@ -813,7 +813,7 @@ policies:
             errors(
                 "policies:\n  p: { select: [ { when: { foo.bar: 1 }, router: priority, targets: [ { model: big } ] }, { router: priority, targets: [ { model: mini } ] } ] }\n"
             ),
-            vec!["policies.p.select[0].when.foo.bar: unknown field family `foo` (params, metadata, key, budget)"]
+            vec!["policies.p.select[0].when.foo.bar: unknown field family `foo` (params, metadata, header, key, budget)"]
         );
     }
 

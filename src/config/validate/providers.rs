@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use crate::config::defaults;
 use crate::config::schema::{CredentialSection, ProviderKindSection, ProviderSection};
 use crate::config::types::{
-    CredentialConfig, Failover, KeySource, ProviderConfig, ProviderKind, Scheme,
+    CredentialChoice, CredentialConfig, Failover, KeySource, ProviderConfig, ProviderKind, Scheme,
 };
 use crate::config::values::{is_slug, parse_base_url, positive_duration};
 use crate::config::ConfigError;
@@ -88,6 +88,19 @@ fn validate_provider(
         None => failover.ttfb_timeout,
     };
     let headers = super::headers::validate_provider_headers(&s.headers, path, errs);
+    let credential_choice = match s.credential_choice.as_deref() {
+        None => CredentialChoice::RoundRobin,
+        Some(name) => CredentialChoice::parse(name).unwrap_or_else(|| {
+            errs.push(ConfigError::new(
+                format!("{path}.credential_choice"),
+                format!(
+                    "unknown credential choice {name:?} ({})",
+                    CredentialChoice::NAMES
+                ),
+            ));
+            CredentialChoice::RoundRobin
+        }),
+    };
     if errs.len() != before {
         return None;
     }
@@ -103,6 +116,7 @@ fn validate_provider(
         enabled: s.enabled,
         budget: None,
         headers,
+        credential_choice,
     })
 }
 

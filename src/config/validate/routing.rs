@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use crate::config::schema::RoutingSection;
-use crate::config::types::{RoutingKnobs, Weights};
-use crate::config::values::positive_duration;
+use crate::config::schema::{RoutingSection, ScoringSection};
+use crate::config::types::{RoutingKnobs, Scoring, Weights};
+use crate::config::values::{parse_duration, positive_duration};
 use crate::config::{defaults, ConfigError};
 
 /// The largest `routing.rank_interval` accepted.
@@ -51,5 +51,54 @@ pub(super) fn validate_routing(r: &RoutingSection, errs: &mut Vec<ConfigError>) 
         session_ttl: positive_duration(&r.session_ttl, "routing.session_ttl", errs),
         prefix_bytes: r.prefix_bytes.max(1),
         custom_weights,
+        scoring: Scoring::default(),
     }
+}
+
+/// `scoring`: each multiplier's setting, in its range (a threshold below 1 so the factor has
+/// room to fall; shares and factors between 0 and 1).
+pub(super) fn validate_scoring(s: &ScoringSection, errs: &mut Vec<ConfigError>) -> Scoring {
+    let mut out = Scoring::default();
+    let mut share = |v: Option<f64>, key: &str, ok: fn(f64) -> bool, range: &str| -> Option<f64> {
+        let v = v?;
+        if v.is_finite() && ok(v) {
+            Some(v)
+        } else {
+            errs.push(ConfigError::new(
+                format!("scoring.{key}"),
+                format!("must be {range}, found {v}"),
+            ));
+            None
+        }
+    };
+    if let Some(v) = share(
+        s.headroom_threshold,
+        "headroom_threshold",
+        |v| v > 0.0 && v < 1.0,
+        "above 0 and below 1",
+    ) {
+        out.headroom_threshold = v;
+    }
+    if let Some(v) = share(
+        s.headroom_floor,
+        "headroom_floor",
+        |v| (0.0..=1.0).contains(&v),
+        "from 0 to 1",
+    ) {
+        out.headroom_floor = v;
+    }
+    if let Some(v) = share(
+        s.rate_limit_penalty,
+        "rate_limit_penalty",
+        |v| (0.0..=1.0).contains(&v),
+        "from 0 to 1",
+    ) {
+        out.rate_limit_penalty = v;
+    }
+    if let Some(text) = &s.rate_limit_decay {
+        if let Some(d) = parse_duration(text, "scoring.rate_limit_decay", errs) {
+            out.rate_limit_decay = d;
+        }
+    }
+    out
 }

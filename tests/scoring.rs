@@ -30,15 +30,7 @@ fn custom() -> serde_json::Value {
 /// Where the custom-ranked chain puts its candidates now (explain lists them in ranked
 /// order, whatever exploration would lead with).
 async fn ranked(gw: &Gateway) -> Vec<String> {
-    let v: serde_json::Value = client()
-        .post(format!("http://{}/admin/explain", gw.admin))
-        .json(&custom())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = admin_post_json(gw, "/admin/explain", &custom()).await;
     v["candidates"]
         .as_array()
         .unwrap()

@@ -445,15 +445,16 @@ impl Compiler<'_> {
         }
         // The fields of a closed set of values: a value outside it could never match.
         if let Scalar::Str(text) = &value {
-            let known: Option<(bool, String)> = match field {
-                Field::Task => Some((
-                    condition::TASKS.contains(&&**text),
-                    condition::TASKS.join(", "),
-                )),
-                Field::Agent => Some((agent::is_agent(text), agent_names())),
-                _ => None,
+            let known = match field {
+                Field::Task => condition::TASKS.contains(&&**text),
+                Field::Agent => agent::is_agent(text),
+                _ => true,
             };
-            if let Some((false, names)) = known {
+            if !known {
+                let names = match field {
+                    Field::Task => condition::TASKS.join(", "),
+                    _ => agent_names(),
+                };
                 self.err(
                     path,
                     format!("`{name}` is never `{text}`; it is one of {names}"),

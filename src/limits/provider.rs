@@ -71,14 +71,7 @@ pub fn exhausted_for(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let anthropic = ANTHROPIC
         .iter()
         .filter(|(remaining, _)| exhausted(remaining))
-        .filter_map(|(_, reset)| {
-            let at = rfc3339::parse(text(reset)?.trim())?;
-            Some(
-                SystemTime::from(at)
-                    .duration_since(now)
-                    .unwrap_or(Duration::ZERO),
-            )
-        });
+        .filter_map(|(_, reset)| rfc3339_wait(text(reset)?, now));
     openai
         .chain(anthropic)
         .max()
@@ -107,48 +100,51 @@ pub fn remaining(headers: &HeaderMap, now: SystemTime) -> Option<Remaining> {
     let count =
         |name: &str| -> Option<u64> { headers.get(name)?.to_str().ok()?.trim().parse().ok() };
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let mut out = Remaining {
-        requests: None,
-        tokens: None,
-        holds_for: MAX_PAUSE,
-    };
-    let mut reset_seen = false;
-    let mut note = |left: u64, requests: bool, reset: Option<Duration>, out: &mut Remaining| {
-        let slot = if requests {
-            &mut out.requests
+    // Every reported window: (is it the request window, what is left, when it resets).
+    let openai = OPENAI.iter().enumerate().filter_map(|(i, (left, reset))| {
+        Some((
+            i == 0,
+            count(left)?,
+            text(reset).and_then(parse_go_duration),
+        ))
+    });
+    let anthropic = ANTHROPIC
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (left, reset))| {
+            Some((
+                i == 0,
+                count(left)?,
+                text(reset).and_then(|t| rfc3339_wait(t, now)),
+            ))
+        });
+    let (mut requests, mut tokens, mut soonest) = (None, None, None::<Duration>);
+    for (is_requests, left, reset) in openai.chain(anthropic) {
+        let slot: &mut Option<u64> = if is_requests {
+            &mut requests
         } else {
-            &mut out.tokens
+            &mut tokens
         };
         *slot = Some(slot.map_or(left, |s| s.min(left)));
         if let Some(r) = reset {
-            reset_seen = true;
-            out.holds_for = out.holds_for.min(r);
-        }
-    };
-    for (i, (left, reset)) in OPENAI.iter().enumerate() {
-        if let Some(n) = count(left) {
-            note(n, i == 0, text(reset).and_then(parse_go_duration), &mut out);
+            soonest = Some(soonest.map_or(r, |s| s.min(r)));
         }
     }
-    for (i, (left, reset)) in ANTHROPIC.iter().enumerate() {
-        if let Some(n) = count(left) {
-            let reset = text(reset)
-                .and_then(|t| rfc3339::parse(t.trim()))
-                .map(|at| {
-                    SystemTime::from(at)
-                        .duration_since(now)
-                        .unwrap_or(Duration::ZERO)
-                });
-            note(n, i == 0, reset, &mut out);
-        }
-    }
-    if out.requests.is_none() && out.tokens.is_none() {
-        return None;
-    }
-    if !reset_seen {
-        out.holds_for = QUOTA_READING_TTL;
-    }
-    Some(out)
+    (requests.is_some() || tokens.is_some()).then(|| Remaining {
+        requests,
+        tokens,
+        holds_for: soonest.unwrap_or(QUOTA_READING_TTL).min(MAX_PAUSE),
+    })
+}
+
+/// How long until an Anthropic reset (an RFC 3339 time); zero for one in the past.
+fn rfc3339_wait(text: &str, now: SystemTime) -> Option<Duration> {
+    let at = rfc3339::parse(text.trim())?;
+    Some(
+        SystemTime::from(at)
+            .duration_since(now)
+            .unwrap_or(Duration::ZERO),
+    )
 }
 
 /// A Go duration as OpenAI writes resets: `1s`, `6m0s`, `20ms`, `1h2m3.5s`. (Public for the

@@ -667,6 +667,23 @@ pub async fn admin_json(gw: &Gateway, path: &str) -> serde_json::Value {
         .unwrap()
 }
 
+/// What an admin endpoint answers a JSON body with (`/admin/explain`, say).
+pub async fn admin_post_json(
+    gw: &Gateway,
+    path: &str,
+    body: &serde_json::Value,
+) -> serde_json::Value {
+    client()
+        .post(format!("http://{}{path}", gw.admin))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 pub fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
     r.headers()
         .get(name)

@@ -20,9 +20,12 @@
 //!   first, so no single reading is safe. So is a key that case-insensitive readers such as
 //!   Go's `encoding/json` would take for a wanted one (`"MODEL"`, `"ſtream"`:
 //!   [`Scan::alias`]). The caller refuses both.
-//! - [`scan_object_lenient`] (for provider responses) is the same scan without the UTF-8,
-//!   surrogate and number-range checks: slightly odd upstream JSON still gets its `model`
-//!   rewritten.
+//! - [`scan_object_lenient`] (for provider responses) checks the top-level object's grammar
+//!   but not UTF-8, surrogates or number range, and skips a nested array or object by its
+//!   brackets (strings skipped whole, brackets paired, what lies between unchecked): slightly
+//!   odd upstream JSON still gets its `model` rewritten, and an answer costs a third of a full
+//!   descent. It records no member list and no case-folded alias (those guard request
+//!   bodies only).
 //!
 //! The common path allocates nothing beyond the result: strings are skipped with `memchr2`
 //! plus a SWAR control-byte check, UTF-8 is checked by a table-driven DFA (twice as fast as
@@ -39,6 +42,9 @@ use std::ops::Range;
 /// scanner, which also bounds its own recursion with it.
 pub const MAX_DEPTH: usize = 127;
 
+/// The most keys one scan looks for (the longest list, a chat request's, has 11).
+pub const MAX_WANTED: usize = 12;
+
 /// A number without an exponent whose integer part has at most this many digits is below
 /// 1e301, finite whatever serde_json's conversion does. Longer ones, and any with an
 /// exponent, are checked by serde_json itself in strict mode.
@@ -54,22 +60,24 @@ pub enum JsonError {
 }
 
 /// One member of the top-level object.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Member {
     /// From the key's opening quote to the end of the value.
     pub span: Range<usize>,
-    /// The key without quotes (raw: escapes not decoded).
-    pub key: Range<usize>,
-    /// The value, including quotes for strings.
+    /// The value, including quotes for strings (never empty: an empty one marks a wanted key
+    /// not found, in [`Scan`]'s table).
     pub value: Range<usize>,
+    /// The key's length without quotes (raw: escapes not decoded).
+    key_len: usize,
 }
 
 /// Spans of the top-level members the caller asked for, with the member list boundaries.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Scan {
-    /// The first member whose decoded key is each wanted key, in document order, with the
-    /// index of the wanted key.
-    pub found: Vec<(usize, Member)>,
+    /// The first member whose decoded key is each wanted key, by the wanted key's index
+    /// (held inline, an empty value for one not found: a scan allocates nothing for what it
+    /// finds, and stays small enough to move cheaply).
+    found: [Member; MAX_WANTED],
     /// Spans of every top-level member, in order (needed to remove one cleanly).
     pub members: Vec<Range<usize>>,
     /// Offset just after the top-level object's `{`.
@@ -84,12 +92,16 @@ pub struct Scan {
     pub alias: Option<usize>,
 }
 
+impl Member {
+    /// The key without quotes (raw: escapes not decoded).
+    pub fn key(&self) -> Range<usize> {
+        self.span.start + 1..self.span.start + 1 + self.key_len
+    }
+}
+
 impl Scan {
     pub fn get(&self, wanted_index: usize) -> Option<&Member> {
-        self.found
-            .iter()
-            .find(|(w, _)| *w == wanted_index)
-            .map(|(_, m)| m)
+        self.found.get(wanted_index).filter(|m| !m.value.is_empty())
     }
 
     /// The byte range to delete to remove the member whose span is `span`, commas included,
@@ -111,8 +123,8 @@ impl Scan {
 }
 
 /// Scan `doc`, which must be a JSON object serde_json accepts, recording top-level members
-/// whose decoded key is one of `wanted` (ASCII keys). Every byte is validated; see the module
-/// documentation for what "accepts" covers.
+/// whose decoded key is one of `wanted` (ASCII keys, at most [`MAX_WANTED`]). Every byte is
+/// validated; see the module documentation for what "accepts" covers.
 pub fn scan_object(doc: &[u8], wanted: &[&[u8]]) -> Result<Scan, JsonError> {
     if let Some(at) = invalid_utf8(doc) {
         return Err(JsonError::Syntax(at));
@@ -120,13 +132,15 @@ pub fn scan_object(doc: &[u8], wanted: &[&[u8]]) -> Result<Scan, JsonError> {
     scan::<true>(doc, wanted)
 }
 
-/// [`scan_object`] for upstream responses: the grammar is checked, but not UTF-8, surrogate
-/// pairing or number range.
+/// [`scan_object`] for upstream responses: the top level's grammar is checked, nested arrays
+/// and objects only for paired brackets and whole strings; not UTF-8, surrogate pairing or
+/// number range. [`Scan::members`] stays empty and [`Scan::alias`] unset.
 pub fn scan_object_lenient(doc: &[u8], wanted: &[&[u8]]) -> Result<Scan, JsonError> {
     scan::<false>(doc, wanted)
 }
 
 fn scan<const STRICT: bool>(doc: &[u8], wanted: &[&[u8]]) -> Result<Scan, JsonError> {
+    debug_assert!(wanted.len() <= MAX_WANTED, "at most MAX_WANTED wanted keys");
     let mut p = Parser::<STRICT> { b: doc, i: 0 };
     p.ws();
     if p.peek() != Some(b'{') {
@@ -139,10 +153,14 @@ fn scan<const STRICT: bool>(doc: &[u8], wanted: &[&[u8]]) -> Result<Scan, JsonEr
     p.i += 1;
     // Sized up front: chat requests and responses have a handful of top-level members, and
     // growing from empty would reallocate twice per scan.
+    // A lenient scan records no member list (only request bodies have a member removed).
     let mut scan = Scan {
         object_start: p.i,
-        found: Vec::with_capacity(wanted.len()),
-        members: Vec::with_capacity(8),
+        members: if STRICT {
+            Vec::with_capacity(8)
+        } else {
+            Vec::new()
+        },
         ..Scan::default()
     };
     // Decoded escaped keys; allocated only if the document has one.
@@ -164,7 +182,11 @@ fn scan<const STRICT: bool>(doc: &[u8], wanted: &[&[u8]]) -> Result<Scan, JsonEr
             p.expect(b':')?;
             p.ws();
             let value_start = p.i;
-            p.value(1)?;
+            if STRICT {
+                p.value(1)?;
+            } else {
+                p.value_lenient()?;
+            }
             let value = value_start..p.i;
             let span = member_start..p.i;
             let key_text: &[u8] = if escaped {
@@ -174,22 +196,36 @@ fn scan<const STRICT: bool>(doc: &[u8], wanted: &[&[u8]]) -> Result<Scan, JsonEr
                 &doc[key.clone()]
             };
             if let Some(w) = wanted.iter().position(|w| *w == key_text) {
-                if scan.found.iter().any(|(f, _)| *f == w) {
-                    scan.duplicate.get_or_insert(w);
-                } else {
-                    scan.found.push((
-                        w,
-                        Member {
+                match scan.found.get_mut(w) {
+                    Some(slot) if !slot.value.is_empty() => {
+                        scan.duplicate.get_or_insert(w);
+                    }
+                    Some(slot) => {
+                        *slot = Member {
                             span: span.clone(),
-                            key,
                             value,
-                        },
-                    ));
+                            key_len: key.len(),
+                        };
+                    }
+                    // Past MAX_WANTED (refused in debug builds, at the top).
+                    None => {}
                 }
-            } else if scan.alias.is_none() {
-                scan.alias = wanted.iter().position(|w| case_folds_to(key_text, w));
+            } else if STRICT && scan.alias.is_none() {
+                // Only a request is read by parsers that fold case; a response is read by
+                // the caller's, which asked for the exact names.
+                let ascii = key_text.is_ascii();
+                scan.alias = wanted.iter().position(|w| {
+                    // An ASCII key folds only to a wanted key of its own length.
+                    if ascii {
+                        key_text.len() == w.len() && key_text.eq_ignore_ascii_case(w)
+                    } else {
+                        case_folds_to(key_text, w)
+                    }
+                });
             }
-            scan.members.push(span);
+            if STRICT {
+                scan.members.push(span);
+            }
             p.ws();
             match p.peek() {
                 Some(b',') => p.i += 1,
@@ -403,19 +439,26 @@ pub fn decode_string(lit: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
 /// the CPU has (AVX2 when present), then one SWAR pass checks the span for control bytes.
 #[inline]
 fn find_string_special(s: &[u8]) -> Option<usize> {
-    // Keys and short values end within a few words: settle them inline, where `memchr2`'s
-    // setup would cost more than the scan.
+    // Keys and short values end within a few words: settled a word at a time, where
+    // `memchr2`'s setup would cost more than the scan.
     const SHORT: usize = 32;
-    let head = &s[..s.len().min(SHORT)];
-    let plain = plain_words(head);
-    if let Some(n) = head[plain..]
-        .iter()
-        .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
-    {
-        return Some(plain + n);
-    }
-    if s.len() <= SHORT {
-        return None;
+    let mut i = 0;
+    while i < SHORT {
+        let Some(chunk) = s.get(i..i + 8) else {
+            // Fewer than eight bytes left: the string's last few, byte by byte.
+            return s[i..]
+                .iter()
+                .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
+                .map(|n| i + n);
+        };
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let flags = special_bytes(u64::from_le_bytes(word));
+        if flags != 0 {
+            // The lowest flagged byte is always a special one (see `special_bytes`).
+            return Some(i + (flags.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
     }
     let rest = &s[SHORT..];
     let end = memchr::memchr2(b'"', b'\\', rest);
@@ -423,30 +466,20 @@ fn find_string_special(s: &[u8]) -> Option<usize> {
     first_control(span).or(end).map(|n| n + SHORT)
 }
 
-/// How many leading bytes of `s` are plain string content, in whole eight-byte words (SWAR:
-/// a word is plain when no byte is < 0x20, `"` or `\\`).
+/// The high bit of each byte of `w` (little-endian) that may be `"`, `\\` or < 0x20 (SWAR, the
+/// classic "has zero byte" and "has less than" tricks). A byte is flagged wrongly only by a
+/// borrow from a lower byte, which is itself special: so no special byte is missed, and the
+/// lowest flagged byte is always special.
 #[inline]
-fn plain_words(s: &[u8]) -> usize {
+fn special_bytes(w: u64) -> u64 {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGHS: u64 = 0x8080_8080_8080_8080;
-    let mut i = 0;
-    while let Some(chunk) = s.get(i..i + 8) {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
-        let w = u64::from_le_bytes(word);
-        // Classic "has less than" and "has zero byte" tricks: a special byte is never missed
-        // (bytes >= 0x80 can be flagged falsely; the caller's scalar loop settles it).
-        let lt = w.wrapping_sub(ONES * 0x20) & !w;
-        let quote = w ^ (ONES * u64::from(b'"'));
-        let backslash = w ^ (ONES * u64::from(b'\\'));
-        let zq = quote.wrapping_sub(ONES) & !quote;
-        let zb = backslash.wrapping_sub(ONES) & !backslash;
-        if (lt | zq | zb) & HIGHS != 0 {
-            break;
-        }
-        i += 8;
-    }
-    i
+    let lt = w.wrapping_sub(ONES * 0x20) & !w;
+    let quote = w ^ (ONES * u64::from(b'"'));
+    let backslash = w ^ (ONES * u64::from(b'\\'));
+    let zq = quote.wrapping_sub(ONES) & !quote;
+    let zb = backslash.wrapping_sub(ONES) & !backslash;
+    (lt | zq | zb) & HIGHS
 }
 
 /// The offset of the first byte < 0x20. Whole 32-byte blocks are tested with a branch-free
@@ -555,6 +588,56 @@ impl<const STRICT: bool> Parser<'_, STRICT> {
             Some(b'-' | b'0'..=b'9') => self.number(),
             _ => Err(JsonError::Syntax(self.i)),
         }
+    }
+
+    /// A top-level member's value in a lenient scan: a scalar as [`Self::value`] reads it, a
+    /// nested array or object by [`Self::skip_nested`].
+    #[inline]
+    fn value_lenient(&mut self) -> Result<(), JsonError> {
+        match self.peek() {
+            Some(b'{' | b'[') => self.skip_nested(),
+            _ => self.value(1),
+        }
+    }
+
+    /// At a nested `{` or `[` (lenient scans only): past its matching bracket. Strings are
+    /// skipped whole (an unterminated one, or a control byte in one, is refused) and brackets
+    /// must pair up (`[}` is refused) within [`MAX_DEPTH`], but what lies between them is not
+    /// checked: a provider's answer is relayed, not re-read, and the caller's own parser
+    /// judges it. About a third of the recursive descent's cost on a chat answer.
+    fn skip_nested(&mut self) -> Result<(), JsonError> {
+        // One bit per open level, set for an object; the top-level object is level 1.
+        let mut open: u128 = 0;
+        let mut depth = 1usize;
+        while let Some(&c) = self.b.get(self.i) {
+            match c {
+                b'"' => {
+                    self.string()?;
+                    continue;
+                }
+                b'{' | b'[' => {
+                    depth += 1;
+                    if depth > MAX_DEPTH {
+                        return Err(JsonError::TooDeep);
+                    }
+                    open = (open << 1) | u128::from(c == b'{');
+                }
+                b'}' | b']' => {
+                    if (open & 1 == 1) != (c == b'}') {
+                        return Err(JsonError::Syntax(self.i));
+                    }
+                    open >>= 1;
+                    depth -= 1;
+                    if depth == 1 {
+                        self.i += 1;
+                        return Ok(());
+                    }
+                }
+                _ => {}
+            }
+            self.i += 1;
+        }
+        Err(JsonError::Syntax(self.b.len()))
     }
 
     fn literal(&mut self, lit: &[u8]) -> Result<(), JsonError> {
@@ -754,6 +837,54 @@ mod tests {
     }
 
     #[test]
+    fn lenient_skips_nested_values_by_their_brackets() {
+        // On valid documents the lenient scan finds the spans the strict one finds.
+        for s in [
+            &br#"{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"a]}\"{"}}],"model":"m","usage":{"prompt_tokens":1}}"#[..],
+            br#"{"a":[],"b":{},"model":"m","c":[[[{"d":[1,2,{"e":"}"}]}]]]}"#,
+            br#" { "model" : "m" , "x" : [ 1 , { } ] } "#,
+        ] {
+            let wanted: &[&[u8]] = &[b"model", b"choices", b"usage", b"c"];
+            let strict = scan_object(s, wanted).expect("strict");
+            let lenient = scan_object_lenient(s, wanted).expect("lenient");
+            assert_eq!(strict.found, lenient.found, "{}", String::from_utf8_lossy(s));
+            assert!(lenient.members.is_empty() && lenient.alias.is_none());
+        }
+        // What a skip still refuses: unpaired or crossed brackets, an unterminated string, a
+        // control byte in a string, nesting past the limit.
+        for s in [
+            &br#"{"model":"m","c":[1,2}"#[..],
+            br#"{"model":"m","c":{"a":[1}]}"#,
+            br#"{"model":"m","c":[{"a":"x]}"#,
+            br#"{"model":"m","c":[1,2"#,
+            b"{\"model\":\"m\",\"c\":[\"a\x01\"]}",
+            br#"{"model":"m","c":[1]]}"#,
+        ] {
+            assert!(
+                scan_object_lenient(s, &[b"model"]).is_err(),
+                "{}",
+                String::from_utf8_lossy(s)
+            );
+        }
+        let deep = |n: usize| format!(r#"{{"a":{}{}}}"#, "[".repeat(n), "]".repeat(n));
+        assert!(scan_object_lenient(deep(MAX_DEPTH - 1).as_bytes(), &[]).is_ok());
+        assert_eq!(
+            scan_object_lenient(deep(MAX_DEPTH).as_bytes(), &[]),
+            Err(JsonError::TooDeep)
+        );
+        assert_eq!(
+            scan_object(deep(MAX_DEPTH).as_bytes(), &[]),
+            Err(JsonError::TooDeep)
+        );
+        // A case-folded key is no alias in a response.
+        let s = br#"{"Model":"x","model":"m"}"#;
+        assert_eq!(
+            scan_object_lenient(s, &[b"model"]).expect("lenient").alias,
+            None
+        );
+    }
+
+    #[test]
     fn utf8_check_is_std_s() {
         let std_ok = |s: &[u8]| std::str::from_utf8(s).is_ok();
         // Every sequence of up to two bytes, and three- and four-byte ones around every
@@ -834,10 +965,7 @@ mod tests {
         assert_eq!(&doc[s.get(0).expect("model").value.clone()], b"\"a\"");
         assert_eq!(&doc[s.get(1).expect("stream").value.clone()], b"1");
         assert_eq!(&doc[s.get(2).expect("r/x").value.clone()], b"2");
-        assert_eq!(
-            &doc[s.get(3).expect("routing").key.clone()],
-            br"\u0072outing"
-        );
+        assert_eq!(&doc[s.get(3).expect("routing").key()], br"\u0072outing");
         let mut out = Vec::new();
         for raw in [
             &br#"a\"\\\/\b\f\n\r\t\u00e9\u65E5\ud83d\ude00z"#[..],
@@ -941,6 +1069,20 @@ mod tests {
         ]);
         for c in &cases {
             assert_eq!(find_string_special(c), scalar(c), "{c:?}");
+        }
+        // Every pair of bytes, at every offset of a word and across a word's edge, in plain
+        // and in high-byte filler: the word-at-a-time flags never miss and never point early.
+        for filler in [b'a', 0xff, 0x80] {
+            for a in 0..=255u8 {
+                for b in 0..=255u8 {
+                    for pos in [0, 3, 6, 7, 14, 31, 39] {
+                        let mut v = vec![filler; 48];
+                        v[pos] = a;
+                        v[pos + 1] = b;
+                        assert_eq!(find_string_special(&v), scalar(&v), "{v:?}");
+                    }
+                }
+            }
         }
     }
 

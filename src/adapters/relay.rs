@@ -47,9 +47,19 @@ impl Reply<'_> {
         match self.provider {
             None => self.caller_model.clone(),
             Some(p) => {
-                let mut out = BytesMut::from(&self.caller_model[..]);
-                out.put_slice(b",\"provider\":");
-                out.put_slice(&serde_json::to_vec(p).unwrap_or_default());
+                const MEMBER: &[u8] = b",\"provider\":";
+                let mut out =
+                    BytesMut::with_capacity(self.caller_model.len() + MEMBER.len() + p.len() + 2);
+                out.put_slice(&self.caller_model);
+                out.put_slice(MEMBER);
+                // Provider ids are plain names: quoted as they are, without serde's writer.
+                if p.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+                    out.put_u8(b'"');
+                    out.put_slice(p.as_bytes());
+                    out.put_u8(b'"');
+                } else {
+                    out.put_slice(&serde_json::to_vec(p).unwrap_or_default());
+                }
                 out.freeze()
             }
         }

@@ -230,7 +230,7 @@ async fn drive(
     peer: &HttpPeer,
     shared: Option<&SharedAdmission>,
 ) -> Drive {
-    let request = session.req_header().clone();
+    let request = respond::request_copy(session.req_header());
     // A route that hedges races this attempt against the next candidate (one hedge per
     // request: once it ran, later attempts go alone).
     let hedge = ctx
@@ -329,7 +329,7 @@ async fn until_commit(
         };
         return Err(after(settle::on(ctx, sent)));
     };
-    let mut header = header.clone();
+    let mut header = respond::response_copy(header);
     let verdict = response::read_header(ctx, &mut header);
     let step = settle::apply(ctx, verdict);
     if let Step::Again | Step::Answer(_) = step {

@@ -34,7 +34,7 @@ use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 use super::ctx::{HedgeRun, Lane, RequestCtx};
 use super::driven::{self, Ahead, Drive, SendError};
 use super::settle::{self, Step};
-use super::{attempt, planning, response};
+use super::{attempt, planning, respond, response};
 use crate::attempt::verdict::HELD_BODY_LIMIT;
 use crate::attempt::{self as verdicts, Advance, BodyEnd, CommitAt, Outcome, Sent, Verdict};
 use crate::config::{Hedge, HedgeAfter};
@@ -219,7 +219,7 @@ fn on_sent(
         let verdict = settle::judge_sent(ctx, sent);
         return failed(ctx, verdict, rival);
     };
-    let mut header = header.clone();
+    let mut header = respond::response_copy(header);
     let verdict = response::read_header(ctx, &mut header);
     match decide(ctx, verdict, rival) {
         Err(turn) => return turn,

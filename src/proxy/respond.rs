@@ -222,6 +222,28 @@ pub fn edit_request_parts<R>(
     out
 }
 
+/// A copy of `req` without Pingora's header-case map: what an attempt starts from. The map
+/// would be dropped by [`edit_request_parts`] before anything is written, so copying it would
+/// be two allocations (and their frees) for nothing.
+pub fn request_copy(req: &pingora_http::RequestHeader) -> pingora_http::RequestHeader {
+    let mut parts = http::Request::new(()).into_parts().0;
+    parts.method = req.method.clone();
+    parts.uri = req.uri.clone();
+    parts.version = req.version;
+    parts.headers = req.headers.clone();
+    pingora_http::RequestHeader::from(parts)
+}
+
+/// A copy of an upstream response header without its case map, as [`request_copy`]: the
+/// routing headers' [`edit_response_parts`] drops it before the header is written.
+pub fn response_copy(resp: &ResponseHeader) -> ResponseHeader {
+    let mut parts = http::Response::new(()).into_parts().0;
+    parts.status = resp.status;
+    parts.version = resp.version;
+    parts.headers = resp.headers.clone();
+    ResponseHeader::from(parts)
+}
+
 /// Keep, of a relayed response's provider headers, what may reach the caller
 /// ([`super::headers::to_caller`]), and add the routing headers.
 pub fn add_routing_headers(resp: &mut ResponseHeader, ctx: &RequestCtx, now: Instant) {
@@ -258,7 +280,10 @@ pub fn add_routing_headers(resp: &mut ResponseHeader, ctx: &RequestCtx, now: Ins
                 headers.insert(names::X_LLM_ROUTING_REASON, reason);
             }
         }
-        headers.insert(names::X_LLM_ATTEMPTS, HeaderValue::from(a.attempts.made));
+        headers.insert(
+            names::X_LLM_ATTEMPTS,
+            super::headers::int_value(u64::from(a.attempts.made)),
+        );
         // `lost` whenever a hedge ran and did not serve (the first attempt did, or a later one).
         if let Some(won) = a.attempts.hedge.map(|h| h.won == Some(true)) {
             headers.insert(
@@ -279,22 +304,28 @@ pub fn add_routing_headers(resp: &mut ResponseHeader, ctx: &RequestCtx, now: Ins
         let total_ms = now.saturating_duration_since(ctx.started).as_millis();
         headers.insert(
             names::X_LLM_RESPONSE_DURATION_MS,
-            HeaderValue::from(u64::try_from(total_ms).unwrap_or(u64::MAX)),
+            super::headers::int_value(u64::try_from(total_ms).unwrap_or(u64::MAX)),
         );
     })
 }
 
-/// A header value assembled on the stack (one allocation, when it becomes a `HeaderValue`);
-/// 384 bytes: a knn decision's figures come after the rest.
-struct ValueBuf {
-    buf: [u8; 384],
+/// A header value assembled on the stack (one allocation, when it becomes a `HeaderValue`), of
+/// at most `N` bytes: [`REASON_BYTES`] for the routing reason (a knn decision's figures come after the
+/// rest), [`TIMING_BYTES`] for `server-timing` (every buffer is zeroed first).
+struct ValueBuf<const N: usize> {
+    buf: [u8; N],
     len: usize,
 }
 
-impl ValueBuf {
+/// The routing reason's buffer.
+const REASON_BYTES: usize = 384;
+/// `server-timing`'s buffer: three durations of up to 20 digits each fit.
+const TIMING_BYTES: usize = 128;
+
+impl<const N: usize> ValueBuf<N> {
     fn new() -> Self {
         Self {
-            buf: [0; 384],
+            buf: [0; N],
             len: 0,
         }
     }
@@ -349,7 +380,7 @@ fn routing_reason(
     hedge: Option<HedgeRun>,
 ) -> Option<HeaderValue> {
     let catalog = &snapshot.catalog;
-    let mut out = ValueBuf::new();
+    let mut out = ValueBuf::<REASON_BYTES>::new();
     out.push(b"strategy=");
     out.push(plan.strategy().as_str().as_bytes());
     let first_pos = plan.first_position().unwrap_or(0);
@@ -455,7 +486,7 @@ fn server_timing_value(
     let first = first_attempt_at.unwrap_or(now);
     let gateway = first.saturating_duration_since(started);
     let upstream = now.saturating_duration_since(first);
-    let mut out = ValueBuf::new();
+    let mut out = ValueBuf::<TIMING_BYTES>::new();
     out.push(b"gateway;dur=");
     out.push_tenths_ms(gateway);
     out.push(b", upstream;dur=");
@@ -500,13 +531,13 @@ mod tests {
 
     #[test]
     fn a_value_longer_than_the_buffer_is_cut_not_lost() {
-        let mut buf = ValueBuf::new();
+        let mut buf = ValueBuf::<REASON_BYTES>::new();
         for _ in 0..50 {
             buf.push(b"abcdefgh");
         }
         buf.push_int(u64::MAX);
         let value = buf.value().expect("visible ASCII");
-        assert_eq!(value.len(), 384);
+        assert_eq!(value.len(), REASON_BYTES);
     }
 
     #[test]

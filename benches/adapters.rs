@@ -1,6 +1,6 @@
 //! The request body scan and per-attempt rewrite, and the response `model` rewrite, beside
-//! `serde_json` doing the same work (parse to a `Value`, edit, serialise) in the same run; the
-//! usage read and a number's header value beside serde's and `http`'s own.
+//! `serde_json` doing the same work (parse to a `Value`, edit, serialise) in the same run; a
+//! number's header value beside `http`'s own.
 //!
 //! Run: `cargo bench --bench adapters`.
 
@@ -11,7 +11,6 @@ use bytes::{Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use signalbox::adapters::openai::{ChatRequest, ResponseRewriter, StreamStats};
 use signalbox::adapters::relay::{Relay, Reply};
-use signalbox::adapters::stream::Usage;
 use signalbox::catalog::surface::{Conversion, Surface};
 use signalbox::proxy::headers::int_value;
 
@@ -95,13 +94,6 @@ fn bench_response(c: &mut Criterion) {
             rw.filter(&mut chunk, false, &mut stats);
             black_box(chunk)
         });
-    });
-    // The usage object of every answer and of every stream's last chunk: read by hand, beside
-    // serde's derive reading it the same way.
-    let usage = br#"{"prompt_tokens":31,"completion_tokens":3,"total_tokens":34,"prompt_tokens_details":{"cached_tokens":0}}"#;
-    g.bench_function("usage_read", |b| b.iter(|| Usage::read(black_box(usage))));
-    g.bench_function("usage_read_serde", |b| {
-        b.iter(|| serde_json::from_slice::<Usage>(black_box(usage)).ok())
     });
     // A header value for a number: the table or one allocation, beside `http`'s `From<u64>`.
     for n in [286u64, 70_000] {

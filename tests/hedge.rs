@@ -71,15 +71,7 @@ fn messages(model: &str, stream: bool) -> Value {
 
 /// `POST /admin/explain` of a body.
 async fn explain(gw: &Gateway, body: &Value) -> Value {
-    client()
-        .post(format!("http://{}/admin/explain", gw.admin))
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    admin_post_json(gw, "/admin/explain", body).await
 }
 
 /// Every ledger row, as (attempt, provider, outcome, absorbed).

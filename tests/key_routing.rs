@@ -85,15 +85,7 @@ async fn explain(gw: &Gateway, id: &str, routing: Option<Value>) -> Value {
     if let Some(r) = routing {
         body["routing"] = r;
     }
-    client()
-        .post(format!("http://{}/admin/explain?key={id}", gw.admin))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    admin_post_json(gw, &format!("/admin/explain?key={id}"), &body).await
 }
 
 #[tokio::test(flavor = "multi_thread")]

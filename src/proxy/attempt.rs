@@ -172,10 +172,7 @@ pub fn rewrite_request_header(
         }
         parts.uri = provider.uri(surface.endpoint(provider.kind)).clone();
         headers.insert(header::HOST, provider.host_header.clone());
-        headers.insert(
-            header::CONTENT_LENGTH,
-            super::headers::int_value(u64::try_from(len).unwrap_or(u64::MAX)),
-        );
+        headers.insert(header::CONTENT_LENGTH, super::headers::int_value(len));
         headers.insert(respond::names::X_REQUEST_ID, ctx.request_id.clone());
     });
     Ok(())

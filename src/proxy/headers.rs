@@ -85,9 +85,11 @@ pub fn caller_request_id(headers: &HeaderMap) -> Option<HeaderValue> {
 /// each such header of every request.
 const SMALL_INTS: u64 = 4096;
 
-/// A header value holding `n` in decimal. `HeaderValue::from(u64)` allocates twice; a value
-/// below [`SMALL_INTS`] is a clone of a static one (a pointer copy), a larger one allocates once.
-pub fn int_value(n: u64) -> HeaderValue {
+/// A header value holding `n` in decimal (a number past `u64` reads as `u64::MAX`).
+/// `HeaderValue::from(u64)` allocates twice; a value below [`SMALL_INTS`] is a clone of a
+/// static one (a pointer copy), a larger one allocates once.
+pub fn int_value(n: impl TryInto<u64>) -> HeaderValue {
+    let n: u64 = n.try_into().unwrap_or(u64::MAX);
     static SMALL: std::sync::LazyLock<Vec<HeaderValue>> = std::sync::LazyLock::new(|| {
         let mut text = String::new();
         let mut ends = Vec::with_capacity(SMALL_INTS as usize);

@@ -282,7 +282,7 @@ pub fn add_routing_headers(resp: &mut ResponseHeader, ctx: &RequestCtx, now: Ins
         }
         headers.insert(
             names::X_LLM_ATTEMPTS,
-            super::headers::int_value(u64::from(a.attempts.made)),
+            super::headers::int_value(a.attempts.made),
         );
         // `lost` whenever a hedge ran and did not serve (the first attempt did, or a later one).
         if let Some(won) = a.attempts.hedge.map(|h| h.won == Some(true)) {
@@ -304,14 +304,14 @@ pub fn add_routing_headers(resp: &mut ResponseHeader, ctx: &RequestCtx, now: Ins
         let total_ms = now.saturating_duration_since(ctx.started).as_millis();
         headers.insert(
             names::X_LLM_RESPONSE_DURATION_MS,
-            super::headers::int_value(u64::try_from(total_ms).unwrap_or(u64::MAX)),
+            super::headers::int_value(total_ms),
         );
     })
 }
 
 /// A header value assembled on the stack (one allocation, when it becomes a `HeaderValue`), of
-/// at most `N` bytes: [`REASON_BYTES`] for the routing reason (a knn decision's figures come after the
-/// rest), [`TIMING_BYTES`] for `server-timing` (every buffer is zeroed first).
+/// at most `N` bytes: [`REASON_BYTES`] for the routing reason (a knn decision's figures come
+/// after the rest), [`TIMING_BYTES`] for `server-timing` (every buffer is zeroed first).
 struct ValueBuf<const N: usize> {
     buf: [u8; N],
     len: usize,

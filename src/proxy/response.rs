@@ -163,10 +163,9 @@ fn choose_relay(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader) {
     let changes_length = a.attempts.relay.changes_length();
     respond::edit_response_parts(upstream_response, |parts| {
         if let Some(len) = fixed_len {
-            parts.headers.insert(
-                header::CONTENT_LENGTH,
-                super::headers::int_value(u64::try_from(len).unwrap_or(u64::MAX)),
-            );
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, super::headers::int_value(len));
         } else if changes_length {
             parts.headers.remove(header::CONTENT_LENGTH);
             parts.headers.insert(

@@ -113,9 +113,9 @@ impl CallerRequest {
     /// The prompt estimated from what it says (see [`super::estimate`]).
     pub fn estimate(&self) -> Estimate {
         match self {
-            Self::OpenAi(r) => r.estimate,
-            Self::Messages(r) => r.estimate,
-            Self::CountTokens(r) => r.estimate,
+            Self::OpenAi(r) => r.estimate(),
+            Self::Messages(r) => r.estimate(),
+            Self::CountTokens(r) => r.estimate(),
         }
     }
 

@@ -71,6 +71,9 @@ pub(super) struct Envelope {
     routing_removal: Option<Range<usize>>,
     /// The `messages` value (the prompt), if present.
     messages: Option<Range<usize>>,
+    /// The prompt's estimate, made the first time something asks (a route whose candidates
+    /// declare no price, window, `tpm` or budget, under a key without `tpm`, never does).
+    estimate: std::sync::OnceLock<Estimate>,
     /// Exact counts of the prompt's text, by encoding (`o200k_base`, `cl100k_base`), once
     /// asked for.
     exact: [std::sync::OnceLock<Option<u64>>; 2],
@@ -112,6 +115,7 @@ impl Envelope {
             routing_removal: None,
             messages: scan.get(WANT_MESSAGES).map(|m| m.value.clone()),
             body,
+            estimate: std::sync::OnceLock::new(),
             exact: Default::default(),
         };
         Ok((envelope, scan))
@@ -172,8 +176,13 @@ impl Envelope {
 
     /// The prompt estimated (see [`super::estimate`]): `messages` and `system` (a dialect's
     /// system prompt member), or the whole body when it has neither (the Responses `input`,
-    /// a completion's `prompt`, an embedding's `input`).
+    /// a completion's `prompt`, an embedding's `input`). Made once, when first asked: a
+    /// dialect always passes the same `system`.
     pub(super) fn estimate(&self, system: Option<&[u8]>) -> Estimate {
+        *self.estimate.get_or_init(|| self.estimate_now(system))
+    }
+
+    fn estimate_now(&self, system: Option<&[u8]>) -> Estimate {
         match (self.messages(), system) {
             (None, None) => estimate::estimate(&self.body),
             (m, s) => {

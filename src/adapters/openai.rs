@@ -59,8 +59,6 @@ pub struct ChatRequest {
     pub needs: Needs,
     /// `stream_options` as the caller sent it: absent, or whether it asks for usage.
     stream_options: Option<bool>,
-    /// The prompt's tokens, estimated from what it says.
-    pub estimate: Estimate,
 }
 
 impl ChatRequest {
@@ -94,7 +92,6 @@ impl ChatRequest {
                 .and_then(|o| o.get("include_usage")?.as_bool())
                 .unwrap_or(false)
         });
-        let estimate = envelope.estimate(None);
         Ok(Self {
             stream_options,
             stream,
@@ -102,20 +99,24 @@ impl ChatRequest {
             max_tokens,
             needs,
             envelope,
-            estimate,
         })
+    }
+
+    /// The prompt's tokens, estimated from what it says (made when first asked).
+    pub fn estimate(&self) -> Estimate {
+        self.envelope.estimate(None)
     }
 
     /// The prompt's estimated tokens for an OpenAI-kind provider (text characters over four,
     /// images by OpenAI's formula: see [`super::estimate`]).
     pub fn prompt_tokens(&self) -> u64 {
-        self.estimate.openai()
+        self.estimate().openai()
     }
 
     /// The prompt counted exactly in `encoding` (near a limit), images by formula.
     pub fn exact_tokens(&self, encoding: Encoding) -> Option<u64> {
         self.envelope
-            .exact_openai(None, encoding, self.estimate.image_tokens_openai)
+            .exact_openai(None, encoding, self.estimate().image_tokens_openai)
     }
 
     /// The request's complexity tier, from a cheap heuristic over the prompt: one point each
@@ -124,7 +125,7 @@ impl ChatRequest {
     /// messages). 0 → simple, 1–2 → medium, 3 or more → complex.
     pub fn complexity(&self) -> Complexity {
         let prompt = self.prompt();
-        let tokens = self.estimate.text_tokens();
+        let tokens = self.estimate().text_tokens();
         let mut score = u32::from(tokens > 2_000) + u32::from(tokens > 8_000);
         score += u32::from(memchr::memmem::find(prompt, b"```").is_some());
         score += u32::from(self.needs.tools);

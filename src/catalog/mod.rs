@@ -268,6 +268,18 @@ impl Catalog {
     pub fn deployment(&self, i: DeploymentIdx) -> &Deployment {
         &self.deployments[i.get()]
     }
+    /// Whether planning a request for `d` reads the prompt's token estimate: a price (costs,
+    /// `cheapest`, budgets), a `tpm` window, a budget of its own or its provider's, or its
+    /// model's context window. A deployment with none of them never needs the estimate.
+    pub fn reads_tokens(&self, d: &Deployment) -> bool {
+        d.price.is_some()
+            || d.tpm.is_some()
+            || d.budget.is_some()
+            || self.provider(d.provider).budget.is_some()
+            || d.model
+                .is_some_and(|m| self.model(m).context_window.is_some())
+    }
+
     pub fn provider_by_id(&self, id: &str) -> Option<&Provider> {
         self.providers.iter().find(|p| &*p.id == id)
     }

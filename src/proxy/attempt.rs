@@ -11,7 +11,7 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{header, HeaderName, HeaderValue};
+use http::{header, HeaderMap, HeaderName, HeaderValue};
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType};
 use pingora_http::RequestHeader;
@@ -120,11 +120,14 @@ pub fn prepare_body(
     Ok(())
 }
 
-/// The request header for the live attempt's target.
-pub fn rewrite_request_header(
+/// The request header for the live attempt's target, built from the caller's `caller`: a
+/// fresh map holding only what [`super::headers::to_provider`] keeps of the caller's headers
+/// (copied by reference, in order), then what signalbox sets. Nothing else of the caller's
+/// header is copied (it is never written upstream).
+pub fn upstream_request_header(
     ctx: &RequestCtx,
-    upstream_request: &mut RequestHeader,
-) -> pingora_error::Result<()> {
+    caller: &RequestHeader,
+) -> pingora_error::Result<RequestHeader> {
     let snapshot = &ctx.snapshot;
     let Some(a) = &ctx.admitted else {
         return Err(internal("no attempt in progress"));
@@ -148,33 +151,48 @@ pub fn rewrite_request_header(
     // written for the version signalbox speaks.
     let same_dialect = surface.dialect() == Dialect::Anthropic;
     let len = a.attempts.body.as_ref().map_or(0, |b| b.bytes.len());
-    respond::edit_request_parts(upstream_request, |parts| {
-        let headers = &mut parts.headers;
-        super::headers::to_provider(
-            headers,
-            provider.kind,
-            same_dialect,
-            &snapshot.request.pass_headers,
+    // The caller's kept headers, then at most these: version, the provider's own, the
+    // credential, host, length, request id.
+    let mut headers = HeaderMap::with_capacity(caller.headers.len() + provider.headers.len() + 6);
+    super::headers::to_provider_from(
+        &caller.headers,
+        &mut headers,
+        provider.kind,
+        same_dialect,
+        &snapshot.request.pass_headers,
+    );
+    if provider.kind == ProviderKind::Anthropic
+        && (!same_dialect || !headers.contains_key(ANTHROPIC_VERSION_HEADER))
+    {
+        headers.insert(
+            ANTHROPIC_VERSION_HEADER,
+            HeaderValue::from_static(ANTHROPIC_VERSION),
         );
-        if provider.kind == ProviderKind::Anthropic
-            && (!same_dialect || !headers.contains_key(ANTHROPIC_VERSION_HEADER))
-        {
-            headers.insert(
-                ANTHROPIC_VERSION_HEADER,
-                HeaderValue::from_static(ANTHROPIC_VERSION),
-            );
-        }
-        for (name, value) in &provider.headers {
-            headers.insert(name.clone(), value.clone());
-        }
-        if let Some(auth) = auth {
-            headers.insert(auth.header_name().clone(), auth.header_value().clone());
-        }
-        parts.uri = provider.uri(surface.endpoint(provider.kind)).clone();
-        headers.insert(header::HOST, provider.host_header.clone());
-        headers.insert(header::CONTENT_LENGTH, super::headers::int_value(len));
-        headers.insert(respond::names::X_REQUEST_ID, ctx.request_id.clone());
-    });
+    }
+    for (name, value) in &provider.headers {
+        headers.insert(name.clone(), value.clone());
+    }
+    if let Some(auth) = auth {
+        headers.insert(auth.header_name().clone(), auth.header_value().clone());
+    }
+    headers.insert(header::HOST, provider.host_header.clone());
+    headers.insert(header::CONTENT_LENGTH, super::headers::int_value(len));
+    headers.insert(respond::names::X_REQUEST_ID, ctx.request_id.clone());
+    let mut parts = http::Request::new(()).into_parts().0;
+    parts.method = caller.method.clone();
+    parts.uri = provider.uri(surface.endpoint(provider.kind)).clone();
+    parts.version = caller.version;
+    parts.headers = headers;
+    Ok(RequestHeader::from(parts))
+}
+
+/// [`upstream_request_header`] in place of Pingora's copy of the caller's header (the fast
+/// path's `upstream_request_filter`).
+pub fn rewrite_request_header(
+    ctx: &RequestCtx,
+    upstream_request: &mut RequestHeader,
+) -> pingora_error::Result<()> {
+    *upstream_request = upstream_request_header(ctx, upstream_request)?;
     Ok(())
 }
 

@@ -230,7 +230,6 @@ async fn drive(
     peer: &HttpPeer,
     shared: Option<&SharedAdmission>,
 ) -> Drive {
-    let request = respond::request_copy(session.req_header());
     // A route that hedges races this attempt against the next candidate (one hedge per
     // request: once it ran, later attempts go alone).
     let hedge = ctx
@@ -239,31 +238,31 @@ async fn drive(
         .filter(|a| a.attempts.hedge.is_none())
         .and_then(|a| a.hedge);
     if let Some(hedge) = hedge {
-        let won = super::hedge::until_commit(
+        // Both racers' headers are built from the caller's: a copy outlives the session borrow.
+        let request = respond::request_copy(session.req_header());
+        // The result is matched as it comes (no binding of it): a partly moved binding would
+        // keep its room in this future while the stream is relayed.
+        let (ahead, hedge_peer) = match super::hedge::until_commit(
             session, ctx, runtime, connector, peer, request, shared, hedge,
         )
-        .await;
-        return match won {
-            Ok((ahead, hedge_peer)) => {
-                let peer = hedge_peer.as_deref().unwrap_or(peer);
-                commit(
-                    session,
-                    ctx,
-                    runtime,
-                    connector,
-                    peer,
-                    ahead.upstream,
-                    ahead.header,
-                    ahead.held,
-                    ahead.ended,
-                )
-                .await
-            }
-            Err(drive) => drive,
+        .await
+        {
+            Ok(won) => won,
+            Err(drive) => return drive,
         };
+        let peer = hedge_peer.as_deref().unwrap_or(peer);
+        return commit(session, ctx, runtime, connector, peer, ahead).await;
     }
+    let Some((request, body)) = upstream_request(ctx, session.req_header()) else {
+        return after(settle::on(ctx, Sent::Connect(Outcome::LocalError)));
+    };
+    // The connect's state lives on the heap until the commit point, not in the request's
+    // future for as long as a stream is open (`super::on_heap`).
     let ahead = tokio::select! {
-        ahead = until_commit(ctx, connector, peer, request) => ahead,
+        ahead = super::on_heap(|| until_commit(ctx, connector, peer, request, body)) => match ahead {
+            Ok(ahead) => ahead,
+            Err(drive) => return drive,
+        },
         () = caller_gone(session) => {
             settle::cancelled(ctx);
             return Drive::Aborted(
@@ -272,20 +271,7 @@ async fn drive(
             );
         }
     };
-    match ahead {
-        Ok(Ahead {
-            upstream,
-            header,
-            held,
-            ended,
-        }) => {
-            commit(
-                session, ctx, runtime, connector, peer, upstream, header, held, ended,
-            )
-            .await
-        }
-        Err(drive) => drive,
-    }
+    commit(session, ctx, runtime, connector, peer, ahead).await
 }
 
 /// An attempt read up to its commit point.
@@ -318,9 +304,10 @@ async fn until_commit(
     connector: &Connector,
     peer: &HttpPeer,
     request: pingora_http::RequestHeader,
+    body: Bytes,
 ) -> Result<Ahead, Drive> {
     let deadline = first_content_deadline(ctx);
-    let mut upstream = call(request, ctx, connector, peer, deadline).await?;
+    let mut upstream = call(request, body, ctx, connector, peer, deadline).await?;
     let Some(header) = upstream.response_header() else {
         let sent = Sent::NoHeader {
             outcome: Outcome::Reset,
@@ -329,8 +316,8 @@ async fn until_commit(
         };
         return Err(after(settle::on(ctx, sent)));
     };
-    let mut header = respond::response_copy(header);
-    let verdict = response::read_header(ctx, &mut header);
+    let (verdict, framing) = response::read_header(ctx, header);
+    let header = response::caller_header(ctx, framing, header);
     let step = settle::apply(ctx, verdict);
     if let Step::Again | Step::Answer(_) = step {
         return Err(after(step));
@@ -361,15 +348,13 @@ async fn until_commit(
 /// Connect (or take a pooled connection), send the request, read the response header, all
 /// within the first-content deadline; a failure on the way is judged and applied.
 async fn call(
-    mut request: pingora_http::RequestHeader,
+    request: pingora_http::RequestHeader,
+    body: Bytes,
     ctx: &mut RequestCtx,
     connector: &Connector,
     peer: &HttpPeer,
     deadline: Instant,
 ) -> Result<UpstreamSession, Drive> {
-    let Some(body) = upstream_request(ctx, &mut request) else {
-        return Err(after(settle::on(ctx, Sent::Connect(Outcome::LocalError))));
-    };
     let sent = match timeout_at(deadline, send(connector, peer, request, body)).await {
         Ok(Ok(up)) => return Ok(up),
         Ok(Err(SendError::Connect(e))) => return Err(after(settle::connect_failed(ctx, &e))),
@@ -395,22 +380,22 @@ async fn call(
     Err(after(settle::on(ctx, sent)))
 }
 
-/// The live attempt's request header, rewritten for its target, and its body; `None` when it
-/// cannot be written (a local error).
+/// The live attempt's request header, built for its target from the caller's, and its body;
+/// `None` when it cannot be written (a local error).
 pub(super) fn upstream_request(
     ctx: &RequestCtx,
-    request: &mut pingora_http::RequestHeader,
-) -> Option<Bytes> {
-    attempt::rewrite_request_header(ctx, request).ok()?;
+    caller: &pingora_http::RequestHeader,
+) -> Option<(pingora_http::RequestHeader, Bytes)> {
+    let mut request = attempt::upstream_request_header(ctx, caller).ok()?;
     // The upstream leg is HTTP/1.1 whatever the caller spoke.
     request.set_version(http::Version::HTTP_11);
-    Some(
-        ctx.admitted
-            .as_ref()
-            .and_then(|a| a.attempts.body.as_ref())
-            .map(|b| b.bytes.clone())
-            .unwrap_or_default(),
-    )
+    let body = ctx
+        .admitted
+        .as_ref()
+        .and_then(|a| a.attempts.body.as_ref())
+        .map(|b| b.bytes.clone())
+        .unwrap_or_default();
+    Some((request, body))
 }
 
 /// A refusal's body, read whole (a small error body) through its relay, which rewrites it in
@@ -490,18 +475,20 @@ async fn read_to_commit(
 
 /// The commit: the header (with the routing headers), then what was held; a complete answer
 /// ends here, a stream is relayed on.
-#[allow(clippy::too_many_arguments)]
 async fn commit(
     session: &mut Session,
     ctx: &mut RequestCtx,
     runtime: &Runtime,
     connector: &Connector,
     peer: &HttpPeer,
-    upstream: UpstreamSession,
-    mut header: ResponseHeader,
-    held: BytesMut,
-    ended: bool,
+    ahead: Ahead,
 ) -> Drive {
+    let Ahead {
+        upstream,
+        mut header,
+        held,
+        ended,
+    } = ahead;
     let refusal = !header.status.is_success();
     response::commit_header(ctx, &mut header);
     if !refusal {
@@ -521,9 +508,7 @@ async fn commit(
             settle::cancelled(ctx);
             return Drive::Aborted(e.into_down());
         }
-        connector
-            .release_http_session(upstream, peer, Some(POOL_IDLE))
-            .await;
+        pool(connector, upstream, peer).await;
         return Drive::Done;
     }
     if !held.is_empty() {
@@ -592,13 +577,18 @@ async fn relay(
                 // connection is not reused.
                 upstream.shutdown().await;
             } else {
-                connector
-                    .release_http_session(upstream, peer, Some(POOL_IDLE))
-                    .await;
+                pool(connector, upstream, peer).await;
             }
             return Drive::Done;
         }
     }
+}
+
+/// Give a finished upstream connection back to the pool. The release's ~3 KiB of state is
+/// made on the heap when it runs (`super::on_heap`): inline, a stream's `relay` would hold
+/// room for it from its first chunk to its last.
+async fn pool(connector: &Connector, upstream: UpstreamSession, peer: &HttpPeer) {
+    super::on_heap(|| connector.release_http_session(upstream, peer, Some(POOL_IDLE))).await;
 }
 
 pub(super) enum SendError {

@@ -96,7 +96,11 @@ pub fn on_upstream_header(
         return Ok(());
     }
     let status = upstream_response.status.as_u16();
-    match response::read_header(ctx, upstream_response) {
+    let (verdict, framing) = response::read_header(ctx, upstream_response);
+    if !matches!(verdict, Verdict::Retry { .. }) {
+        response::shape_header(framing, upstream_response);
+    }
+    match verdict {
         verdict @ Verdict::Retry { .. } => {
             // Settled here; `error_while_proxy` only passes the decision on to Pingora.
             settle::apply(ctx, verdict);
@@ -118,6 +122,11 @@ pub fn on_header(runtime: &Runtime, ctx: &mut RequestCtx, response: &mut Respons
     if response.status.is_informational() {
         return;
     }
+    // Of Pingora's copy of the provider's header, only what may reach the caller.
+    let pass = &ctx.snapshot.response.pass_headers;
+    respond::edit_response_parts(response, |parts| {
+        super::headers::to_caller(&mut parts.headers, pass);
+    });
     response::commit_header(ctx, response);
     if response.status.is_success() {
         planning::bind_session(runtime, ctx);

@@ -11,7 +11,8 @@
 //!   names (never a credential header), then what signalbox sets: the provider's `headers`,
 //!   its credential, `Host`, `Content-Length`, `x-request-id`.
 //!
-//! Both filters move the kept entries into a fresh map: no value is copied.
+//! Each filter builds a fresh map: in place (the kept entries moved) or from a borrowed map
+//! (only the kept entries cloned).
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
@@ -19,36 +20,63 @@ use crate::config::{HeaderGlobs, ProviderKind, CREDENTIAL_HEADERS, GATEWAY_WRITT
 
 /// Keep, of a provider's response header, what may reach the caller.
 pub fn to_caller(headers: &mut HeaderMap, pass: &HeaderGlobs) {
-    retain(headers, |name| {
-        matches!(
-            *name,
-            header::CONTENT_TYPE
-                | header::CONTENT_LENGTH
-                | header::TRANSFER_ENCODING
-                | header::CONTENT_ENCODING
-        ) || (!pass.is_empty() && pass.matches(name.as_str()))
-    });
+    retain(headers, |name| for_caller(name, pass));
 }
 
-/// Keep, of the caller's request header, what may reach a provider of this kind. `betas`:
-/// whether the caller's `anthropic-beta` travels (an Anthropic caller, same dialect).
-pub fn to_provider(headers: &mut HeaderMap, kind: ProviderKind, betas: bool, pass: &HeaderGlobs) {
-    retain(headers, |name| {
-        let n = name.as_str();
-        // The dialect's version and beta headers are decided by the provider's kind alone.
-        match n {
-            "anthropic-version" => return kind == ProviderKind::Anthropic,
-            "anthropic-beta" => return kind == ProviderKind::Anthropic && betas,
-            "openai-beta" => return kind == ProviderKind::OpenAi,
-            _ => {}
+/// [`to_caller`] into a fresh map: what of the provider's `from` may reach the caller is
+/// appended to `into`, in order (only the kept entries are cloned).
+pub fn to_caller_from(from: &HeaderMap, into: &mut HeaderMap, pass: &HeaderGlobs) {
+    for (name, value) in from {
+        if for_caller(name, pass) {
+            into.append(name.clone(), value.clone());
         }
-        matches!(*name, header::CONTENT_TYPE | header::ACCEPT)
-            || (!pass.is_empty()
-                && pass.matches(n)
-                && !CREDENTIAL_HEADERS.contains(&n)
-                && !GATEWAY_WRITTEN_HEADERS.contains(&n)
-                && !n.starts_with("x-llm-"))
-    });
+    }
+}
+
+/// Whether a provider's response header named `name` may reach the caller.
+fn for_caller(name: &HeaderName, pass: &HeaderGlobs) -> bool {
+    matches!(
+        *name,
+        header::CONTENT_TYPE
+            | header::CONTENT_LENGTH
+            | header::TRANSFER_ENCODING
+            | header::CONTENT_ENCODING
+    ) || (!pass.is_empty() && pass.matches(name.as_str()))
+}
+
+/// Copy, of the caller's request header `from`, what may reach a provider of this kind into
+/// `into`, in order (only the kept entries are cloned). `betas`: whether the caller's
+/// `anthropic-beta` travels (an Anthropic caller, same dialect).
+pub fn to_provider_from(
+    from: &HeaderMap,
+    into: &mut HeaderMap,
+    kind: ProviderKind,
+    betas: bool,
+    pass: &HeaderGlobs,
+) {
+    for (name, value) in from {
+        if for_provider(name, kind, betas, pass) {
+            into.append(name.clone(), value.clone());
+        }
+    }
+}
+
+/// Whether a caller's header named `name` may reach a provider of this kind.
+fn for_provider(name: &HeaderName, kind: ProviderKind, betas: bool, pass: &HeaderGlobs) -> bool {
+    let n = name.as_str();
+    // The dialect's version and beta headers are decided by the provider's kind alone.
+    match n {
+        "anthropic-version" => return kind == ProviderKind::Anthropic,
+        "anthropic-beta" => return kind == ProviderKind::Anthropic && betas,
+        "openai-beta" => return kind == ProviderKind::OpenAi,
+        _ => {}
+    }
+    matches!(*name, header::CONTENT_TYPE | header::ACCEPT)
+        || (!pass.is_empty()
+            && pass.matches(n)
+            && !CREDENTIAL_HEADERS.contains(&n)
+            && !GATEWAY_WRITTEN_HEADERS.contains(&n)
+            && !n.starts_with("x-llm-"))
 }
 
 /// Keep the entries whose name `keep` accepts, in order, moving them (names and values are not
@@ -169,6 +197,11 @@ mod tests {
         assert_eq!(h.len(), 4);
         assert_eq!(h.get_all("vary").iter().count(), 2);
         assert!(h.get("server").is_none());
+    }
+
+    fn to_provider(h: &mut HeaderMap, kind: ProviderKind, betas: bool, pass: &HeaderGlobs) {
+        let from = std::mem::take(h);
+        to_provider_from(&from, h, kind, betas, pass);
     }
 
     #[test]

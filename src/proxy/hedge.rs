@@ -34,7 +34,7 @@ use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 use super::ctx::{HedgeRun, Lane, RequestCtx};
 use super::driven::{self, Ahead, Drive, SendError};
 use super::settle::{self, Step};
-use super::{attempt, planning, respond, response};
+use super::{attempt, planning, response};
 use crate::attempt::verdict::HELD_BODY_LIMIT;
 use crate::attempt::{self as verdicts, Advance, BodyEnd, CommitAt, Outcome, Sent, Verdict};
 use crate::config::{Hedge, HedgeAfter};
@@ -127,9 +127,9 @@ fn sending<'c>(
     ctx: &RequestCtx,
     connector: &'c Connector,
     peer: &HttpPeer,
-    mut request: RequestHeader,
+    caller: &RequestHeader,
 ) -> Option<Sending<'c>> {
-    let body = driven::upstream_request(ctx, &mut request)?;
+    let (request, body) = driven::upstream_request(ctx, caller)?;
     let peer = peer.clone();
     Some(Box::pin(async move {
         driven::send(connector, &peer, request, body).await
@@ -219,8 +219,8 @@ fn on_sent(
         let verdict = settle::judge_sent(ctx, sent);
         return failed(ctx, verdict, rival);
     };
-    let mut header = respond::response_copy(header);
-    let verdict = response::read_header(ctx, &mut header);
+    let (verdict, framing) = response::read_header(ctx, header);
+    let header = response::caller_header(ctx, framing, header);
     match decide(ctx, verdict, rival) {
         Err(turn) => return turn,
         Ok(step @ (Step::Again | Step::Answer(_))) => return Turn::Over(driven::after(step)),
@@ -360,7 +360,7 @@ pub(super) async fn until_commit<'c>(
             .and_then(|live| delay(&hedge, |p| health.ttfb_percentile(live.guard.target(), p)))
             .map(|d| started + d)
     };
-    let Some(first) = sending(ctx, connector, peer, request.clone()) else {
+    let Some(first) = sending(ctx, connector, peer, &request) else {
         let verdict = settle::judge_sent(ctx, Sent::Connect(Outcome::LocalError));
         return Err(driven::after(settle::apply(ctx, verdict)));
     };
@@ -590,7 +590,7 @@ async fn begin_hedge<'c>(
         let a = admitted.as_mut()?;
         attempt::begin(snapshot, a).ok()?
     };
-    match sending(ctx, connector, &peer, request.clone()) {
+    match sending(ctx, connector, &peer, request) {
         Some(io) => Some((io, peer)),
         None => {
             let verdict = settle::judge_sent(ctx, Sent::Connect(Outcome::LocalError));

@@ -99,7 +99,7 @@ pub async fn admit(
     // The one path beside the model endpoints that signalbox answers itself (a length
     // compare for every other request).
     if session.req_header().uri.path() == crate::recommend::PATH {
-        return crate::recommend::serve(session, ctx, runtime).await;
+        return super::on_heap(|| crate::recommend::serve(session, ctx, runtime)).await;
     }
     let admitted = match check_request_line(session, ctx, &snapshot) {
         Err(refusal) => Err(refusal),
@@ -130,10 +130,16 @@ pub async fn admit(
             },
         },
     };
+    // The admitted request moves into the context before anything is awaited: a binding
+    // alive across the awaits below would keep its ~2 KiB in this future for the whole
+    // request (an open stream's memory).
+    let admitted = admitted.map(|admitted| {
+        let driven = admitted.driven;
+        ctx.admitted = Some(admitted);
+        driven
+    });
     let refusal = match admitted {
-        Ok(admitted) => {
-            let driven = admitted.driven;
-            ctx.admitted = Some(admitted);
+        Ok(driven) => {
             match planning::first_target_missing(ctx) {
                 // The request's own limits (and, with exact shared limits, its first target's)
                 // are admitted once it has somewhere to go: a request nothing could serve
@@ -180,7 +186,7 @@ async fn route_with_knn(
     if snapshot.knn.is_some() && !ctx.internal && crate::knn::applies(snapshot, &routed) {
         let user = access::key(ctx, snapshot).and_then(|k| k.user.as_deref());
         let ask = crate::knn::Ask::read(&session.req_header().headers, user);
-        crate::knn::route(runtime, snapshot, request, ask, &mut routed).await;
+        super::on_heap(|| crate::knn::route(runtime, snapshot, request, ask, &mut routed)).await;
     }
     Ok((routed, seed))
 }

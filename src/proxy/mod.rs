@@ -69,6 +69,17 @@ use crate::metrics::Metrics;
 use crate::snapshot::Runtime;
 use crate::state::admit::SharedAdmission;
 
+/// A future on the heap, made there: for a phase of `request_filter` whose state is large
+/// (the upstream connect, the knn embedding call) and short-lived. Awaited inline, its state
+/// would be part of `request_filter`'s own future, which Pingora keeps for the whole request:
+/// every open stream would hold the connect's ~10 KiB until it ends. Boxed, the phase's state
+/// is freed when it finishes. The slot is allocated before the future is made, so the
+/// compiler can build it in place instead of copying it in.
+pub(crate) fn on_heap<F: std::future::Future>(make: impl FnOnce() -> F) -> std::pin::Pin<Box<F>> {
+    let slot = Box::<F>::new_uninit();
+    Box::into_pin(Box::write(slot, make()))
+}
+
 /// The signalbox proxy.
 pub struct Gateway {
     runtime: Arc<Runtime>,

@@ -159,7 +159,17 @@ pub fn plan_routed(
         .filter(|v| !v.is_empty() && v.len() <= 256)
         .map(|v| stable_hash(v.as_bytes()));
     let env = plan_env(snapshot);
-    let (input_tokens, input_tokens_anthropic) = decide::input_tokens(snapshot, &routed, &request);
+    // The estimate is made only when a candidate's price, window, `tpm` or budget reads it
+    // (a few µs of scanning the prompt otherwise spent for nothing).
+    let reads_tokens = match &routed.adhoc {
+        Some(d) => snapshot.catalog.reads_tokens(d),
+        None => route.reads_tokens,
+    };
+    let (input_tokens, input_tokens_anthropic) = if reads_tokens {
+        decide::input_tokens(snapshot, &routed, &request)
+    } else {
+        (0, 0)
+    };
     let facts = RequestFacts {
         input_tokens,
         input_tokens_anthropic,

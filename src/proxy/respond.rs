@@ -210,21 +210,9 @@ pub fn edit_response_parts<R>(
     out
 }
 
-/// [`edit_response_parts`] for the upstream request header.
-pub fn edit_request_parts<R>(
-    req: &mut pingora_http::RequestHeader,
-    edit: impl FnOnce(&mut http::request::Parts) -> R,
-) -> R {
-    let placeholder = pingora_http::RequestHeader::from(http::Request::new(()).into_parts().0);
-    let mut parts: http::request::Parts = std::mem::replace(req, placeholder).into();
-    let out = edit(&mut parts);
-    *req = pingora_http::RequestHeader::from(parts);
-    out
-}
-
-/// A copy of `req` without Pingora's header-case map: what an attempt starts from. The map
-/// would be dropped by [`edit_request_parts`] before anything is written, so copying it would
-/// be two allocations (and their frees) for nothing.
+/// A copy of `req` without Pingora's header-case map: what a hedge's two attempts build their
+/// upstream headers from (`attempt::upstream_request_header` writes no case map, so copying
+/// it would be two allocations, and their frees, for nothing).
 pub fn request_copy(req: &pingora_http::RequestHeader) -> pingora_http::RequestHeader {
     let mut parts = http::Request::new(()).into_parts().0;
     parts.method = req.method.clone();
@@ -234,22 +222,10 @@ pub fn request_copy(req: &pingora_http::RequestHeader) -> pingora_http::RequestH
     pingora_http::RequestHeader::from(parts)
 }
 
-/// A copy of an upstream response header without its case map, as [`request_copy`]: the
-/// routing headers' [`edit_response_parts`] drops it before the header is written.
-pub fn response_copy(resp: &ResponseHeader) -> ResponseHeader {
-    let mut parts = http::Response::new(()).into_parts().0;
-    parts.status = resp.status;
-    parts.version = resp.version;
-    parts.headers = resp.headers.clone();
-    ResponseHeader::from(parts)
-}
-
-/// Keep, of a relayed response's provider headers, what may reach the caller
-/// ([`super::headers::to_caller`]), and add the routing headers.
+/// Add the routing headers to a header that holds only what may reach the caller.
 pub fn add_routing_headers(resp: &mut ResponseHeader, ctx: &RequestCtx, now: Instant) {
     edit_response_parts(resp, |parts| {
         let headers = &mut parts.headers;
-        super::headers::to_caller(headers, &ctx.snapshot.response.pass_headers);
         headers.insert(names::X_REQUEST_ID, ctx.request_id.clone());
         if ctx.surface.dialect() == Dialect::Anthropic {
             headers.insert(names::REQUEST_ID, ctx.request_id.clone());
@@ -541,17 +517,20 @@ mod tests {
     }
 
     #[test]
-    fn editing_parts_keeps_status_and_allowed_headers() {
-        let mut resp = ResponseHeader::build(201, Some(4)).unwrap();
-        resp.insert_header("Content-Type", "application/json")
+    fn the_callers_header_keeps_status_and_allowed_headers() {
+        let mut upstream = ResponseHeader::build(201, Some(4)).unwrap();
+        upstream
+            .insert_header("Content-Type", "application/json")
             .unwrap();
-        resp.insert_header("Set-Cookie", "a=b").unwrap();
+        upstream.insert_header("Set-Cookie", "a=b").unwrap();
         let snapshot = crate::testing::Fixture::new(
             "providers:\n  a: { kind: openai, base_url: \"http://127.0.0.1:1/v1\" }\nmodels:\n  m: { deployments: [{ provider: a, model: x }] }\n",
         )
         .snapshot();
         let mut ctx = RequestCtx::new(std::sync::Arc::new(snapshot));
         ctx.request_id = HeaderValue::from_static("abc");
+        let framing = crate::proxy::response::CallerFraming::default();
+        let mut resp = crate::proxy::response::caller_header(&ctx, framing, &upstream);
         add_routing_headers(&mut resp, &ctx, Instant::now());
         assert_eq!(resp.status.as_u16(), 201);
         assert_eq!(

@@ -25,24 +25,112 @@ use crate::limits::provider::{exhausted_for, remaining};
 /// Cap on a provider's `Retry-After` when `health.max_ejection` sets none.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(3600);
 
-/// Read and judge the live attempt's response header (not a 1xx). Sets up the relay of the
-/// body for every verdict that reads it (an answer, a refusal); a failure's `Retry-After` is
-/// kept for health.
-pub fn read_header(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader) -> Verdict {
+/// How the caller's response header differs from the provider's, decided by
+/// [`read_header`]: a refusal in signalbox's words gets a header of signalbox's own; an
+/// answer may be re-framed (a fixed length, chunked) or re-typed (a translation).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallerFraming {
+    /// A fresh header: JSON, chunked (the refusal's body is rewritten).
+    refusal: bool,
+    /// `content-length` set to this (a same-dialect JSON body padded to a known bound).
+    fixed_len: Option<usize>,
+    /// `content-length` removed and the body chunked (its length changes).
+    rechunk: bool,
+    /// `content-type` set to this (a translated answer).
+    content_type: Option<&'static str>,
+}
+
+impl CallerFraming {
+    fn apply(self, headers: &mut http::HeaderMap) {
+        if let Some(len) = self.fixed_len {
+            headers.insert(header::CONTENT_LENGTH, super::headers::int_value(len));
+        } else if self.rechunk {
+            headers.remove(header::CONTENT_LENGTH);
+            headers.insert(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
+        }
+        if let Some(t) = self.content_type {
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(t));
+        }
+    }
+
+    fn edits(self) -> bool {
+        self.fixed_len.is_some() || self.rechunk || self.content_type.is_some()
+    }
+}
+
+/// A header of signalbox's own for a refusal relayed in its words.
+fn refusal_header(status: u16) -> Option<ResponseHeader> {
+    let mut fresh = ResponseHeader::build(status, Some(4)).ok()?;
+    let _ = fresh.insert_header("content-type", "application/json");
+    let _ = fresh.insert_header("transfer-encoding", "chunked");
+    Some(fresh)
+}
+
+/// The fast path's header, shaped in place for the caller by `framing` (Pingora's own copy;
+/// what may not reach the caller is dropped when it commits, [`commit_header`]).
+pub fn shape_header(framing: CallerFraming, response: &mut ResponseHeader) {
+    if framing.refusal {
+        if let Some(fresh) = refusal_header(response.status.as_u16()) {
+            *response = fresh;
+        }
+    } else if framing.edits() {
+        respond::edit_response_parts(response, |parts| framing.apply(&mut parts.headers));
+    }
+}
+
+/// The driven path's header for the caller, built from the provider's `upstream`: only what
+/// may reach the caller is copied ([`super::headers::to_caller_from`]), then shaped by
+/// `framing` (one map, built once; the provider's header is left as it came).
+pub fn caller_header(
+    ctx: &RequestCtx,
+    framing: CallerFraming,
+    upstream: &ResponseHeader,
+) -> ResponseHeader {
+    if framing.refusal {
+        if let Some(fresh) = refusal_header(upstream.status.as_u16()) {
+            return fresh;
+        }
+    }
+    let mut parts = http::Response::new(()).into_parts().0;
+    parts.status = upstream.status;
+    parts.version = upstream.version;
+    // The provider's kept headers and the routing headers (about a dozen) fit without growing.
+    parts.headers = http::HeaderMap::with_capacity(ROUTED_HEADER_CAPACITY);
+    super::headers::to_caller_from(
+        &upstream.headers,
+        &mut parts.headers,
+        &ctx.snapshot.response.pass_headers,
+    );
+    framing.apply(&mut parts.headers);
+    ResponseHeader::from(parts)
+}
+
+/// Room for a committed answer's headers: framing, type, and the routing headers.
+const ROUTED_HEADER_CAPACITY: usize = 24;
+
+/// Read and judge the live attempt's response header (not a 1xx), as the provider sent it.
+/// Sets up the relay of the body for every verdict that reads it (an answer, a refusal); a
+/// failure's `Retry-After` is kept for health. With the verdict, how the caller's header
+/// must differ ([`shape_header`], [`caller_header`]).
+pub fn read_header(
+    ctx: &mut RequestCtx,
+    upstream_response: &ResponseHeader,
+) -> (Verdict, CallerFraming) {
     let status = upstream_response.status.as_u16();
+    let local = Verdict::Retry {
+        outcome: Outcome::LocalError,
+        scope: attempt::Scope::Deployment,
+    };
     let Some(a) = ctx.admitted.as_mut() else {
-        return Verdict::Retry {
-            outcome: Outcome::LocalError,
-            scope: attempt::Scope::Deployment,
-        };
+        return (local, CallerFraming::default());
     };
     let snapshot = &ctx.snapshot;
     let health = &snapshot.health;
     let Some(live) = a.attempts.live.as_mut() else {
-        return Verdict::Retry {
-            outcome: Outcome::LocalError,
-            scope: attempt::Scope::Deployment,
-        };
+        return (local, CallerFraming::default());
     };
     live.header_at = Some(Instant::now());
     live.status = Some(status);
@@ -68,7 +156,7 @@ pub fn read_header(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader)
         }
     }
     let verdict = attempt::judge(Sent::Header { status }, a.terms, false);
-    match verdict {
+    let framing = match verdict {
         Verdict::Retry { outcome, .. } => {
             let cap = health.policy.max_ejection.unwrap_or(RETRY_AFTER_CAP);
             live.retry_after = upstream_response
@@ -79,23 +167,20 @@ pub fn read_header(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader)
             if let (Outcome::RateLimited, Some(wait)) = (outcome, live.retry_after) {
                 a.attempts.failures.note_retry_after(wait.as_secs().max(1));
             }
+            CallerFraming::default()
         }
         Verdict::Refuse { .. } | Verdict::Pending if !upstream_response.status.is_success() => {
             // The caller's request was refused: relayed in signalbox's words, under a header
             // of signalbox's own.
             a.attempts.relay = Relay::refusal(ctx.surface, a.attempts.conversion, status);
-            let mut fresh = ResponseHeader::build(status, Some(4)).ok();
-            if let Some(h) = fresh.as_mut() {
-                let _ = h.insert_header("content-type", "application/json");
-                let _ = h.insert_header("transfer-encoding", "chunked");
-            }
-            if let Some(h) = fresh {
-                *upstream_response = h;
+            CallerFraming {
+                refusal: true,
+                ..CallerFraming::default()
             }
         }
         _ => choose_relay(ctx, upstream_response),
-    }
-    verdict
+    };
+    (verdict, framing)
 }
 
 /// How the body of a successful response is relayed, and its framing to match: an SSE stream
@@ -104,17 +189,17 @@ pub fn read_header(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader)
 /// guarantees), a translated one is re-framed. A compressed body is relayed untouched
 /// (signalbox never asks for compression, so only a provider that ignores `Accept-Encoding`
 /// sends one).
-fn choose_relay(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader) {
+fn choose_relay(ctx: &mut RequestCtx, upstream_response: &ResponseHeader) -> CallerFraming {
     let snapshot = &ctx.snapshot;
     let Some(a) = ctx.admitted.as_mut() else {
-        return;
+        return CallerFraming::default();
     };
     let headers = &upstream_response.headers;
     let encoded = headers
         .get(header::CONTENT_ENCODING)
         .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
     if encoded {
-        return;
+        return CallerFraming::default();
     }
     let content_type = headers
         .get(header::CONTENT_TYPE)
@@ -154,34 +239,23 @@ fn choose_relay(ctx: &mut RequestCtx, upstream_response: &mut ResponseHeader) {
             .and_then(|v| v.parse::<usize>().ok());
         a.attempts.relay = Relay::json(&reply, upstream_len);
     }
-    let translated_type = match conversion {
+    let content_type = match conversion {
         Conversion::Same => None,
         _ if sse => Some("text/event-stream"),
         _ => Some("application/json"),
     };
     let fixed_len = a.attempts.relay.fixed_len();
-    let changes_length = a.attempts.relay.changes_length();
-    respond::edit_response_parts(upstream_response, |parts| {
-        if let Some(len) = fixed_len {
-            parts
-                .headers
-                .insert(header::CONTENT_LENGTH, super::headers::int_value(len));
-        } else if changes_length {
-            parts.headers.remove(header::CONTENT_LENGTH);
-            parts.headers.insert(
-                header::TRANSFER_ENCODING,
-                HeaderValue::from_static("chunked"),
-            );
-        }
-        if let Some(t) = translated_type {
-            parts
-                .headers
-                .insert(header::CONTENT_TYPE, HeaderValue::from_static(t));
-        }
-    });
+    CallerFraming {
+        refusal: false,
+        fixed_len,
+        rechunk: fixed_len.is_none() && a.attempts.relay.changes_length(),
+        content_type,
+    }
 }
 
 /// The header that commits the request: routing headers added, the caller's side committed.
+/// The header holds only what may reach the caller ([`caller_header`], or the fast path's
+/// filter in `fast::on_header`).
 pub fn commit_header(ctx: &mut RequestCtx, response: &mut ResponseHeader) {
     respond::add_routing_headers(response, ctx, Instant::now());
     ctx.downstream = Downstream::Committed {

@@ -69,6 +69,9 @@ pub struct Route {
     pub segments: Arc<[Segment]>,
     /// The route's round-robin turn.
     pub round_robin: AtomicUsize,
+    /// Whether planning reads the prompt's token estimate for some candidate
+    /// ([`Catalog::reads_tokens`]): when none does, a request's plan is built without one.
+    pub reads_tokens: bool,
 }
 
 /// A part of a route's candidates ranked on its own.
@@ -171,6 +174,9 @@ impl<'a> Builder<'a> {
         let header =
             HeaderValue::from_str(&label).unwrap_or_else(|_| HeaderValue::from_static("invalid"));
         let strategy = segments.first().map_or(Strategy::Priority, |s| s.strategy);
+        let reads_tokens = candidates
+            .iter()
+            .any(|d| self.catalog.reads_tokens(self.catalog.deployment(*d)));
         self.routes.push(Route {
             idx,
             kind,
@@ -182,6 +188,7 @@ impl<'a> Builder<'a> {
             candidates: candidates.into(),
             segments: segments.into(),
             round_robin: AtomicUsize::new(0),
+            reads_tokens,
         });
         idx
     }
@@ -203,5 +210,48 @@ impl<'a> Builder<'a> {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::testing::Fixture;
+
+    #[test]
+    fn a_route_reads_the_token_estimate_only_when_a_candidate_prices_or_bounds_it() {
+        let snapshot = Fixture::new(
+            r#"
+providers:
+  a: { kind: openai, base_url: "http://127.0.0.1:1/v1" }
+  b: { kind: openai, base_url: "http://127.0.0.1:2/v1" }
+models:
+  local: { deployments: [{ provider: a, model: l }] }
+  priced: { deployments: [{ provider: a, model: p, price: { input_per_mtok: 1, output_per_mtok: 2 } }] }
+  windowed: { context_window: 8000, deployments: [{ provider: a, model: w }] }
+  limited: { deployments: [{ provider: a, model: t, tpm: 1000 }] }
+  budgeted: { deployments: [{ provider: a, model: u, budget: { usd: 5, period: month } }] }
+  spent: { deployments: [{ provider: b, model: s }] }
+budgets: { providers: { b: { usd: 5, period: month } } }
+chains: { mixed: [local, priced], plain: [local] }
+"#,
+        )
+        .snapshot();
+        let reads = |name: &str| {
+            let idx = snapshot.by_name(name).expect(name);
+            snapshot.route(idx).reads_tokens
+        };
+        assert!(
+            !reads("local"),
+            "an unpriced, unbounded model needs no estimate"
+        );
+        for name in ["priced", "windowed", "limited", "budgeted", "spent"] {
+            assert!(reads(name), "{name} reads the estimate");
+        }
+        let chain = |name: &str| {
+            let idx = snapshot.chain(name).expect(name);
+            snapshot.route(idx).reads_tokens
+        };
+        assert!(chain("mixed"), "one priced member is enough");
+        assert!(!chain("plain"));
     }
 }

@@ -122,8 +122,6 @@ pub struct MessagesRequest {
     /// image block in `messages`, tool results included), JSON mode (structured outputs:
     /// `output_format` or `output_config.format` of type `json_schema`).
     pub needs: Needs,
-    /// The prompt's tokens, estimated from what it says.
-    pub estimate: Estimate,
 }
 
 impl MessagesRequest {
@@ -151,7 +149,6 @@ impl MessagesRequest {
             vision: envelope.messages().is_some_and(has_image_block),
             json_mode,
         };
-        let estimate = prompt.estimate();
         Ok(Self {
             prompt,
             stream,
@@ -159,27 +156,31 @@ impl MessagesRequest {
             max_tokens,
             thinking,
             needs,
-            estimate,
         })
+    }
+
+    /// The prompt's tokens, estimated from what it says (made when first asked).
+    pub fn estimate(&self) -> Estimate {
+        self.prompt.estimate()
     }
 
     /// The prompt's estimated tokens for an Anthropic-kind provider (text characters over
     /// four, images by Anthropic's formula).
     pub fn prompt_tokens(&self) -> u64 {
-        self.estimate.anthropic()
+        self.estimate().anthropic()
     }
 
     /// The prompt counted exactly in an OpenAI encoding (near a translated candidate's limit).
     pub fn exact_tokens(&self, encoding: Encoding) -> Option<u64> {
         self.prompt
-            .exact_tokens(encoding, self.estimate.image_tokens_openai)
+            .exact_tokens(encoding, self.estimate().image_tokens_openai)
     }
 
     /// The complexity tier, by the Chat Completions heuristic: one point each for a long
     /// prompt (over 2,000 estimated tokens; two over 8,000), a fenced code block in `system`
     /// or `messages`, tools, and more than 6 messages.
     pub fn complexity(&self) -> Complexity {
-        let tokens = self.estimate.text_tokens();
+        let tokens = self.estimate().text_tokens();
         let messages = self.prompt.envelope.messages();
         let fenced =
             |part: Option<&[u8]>| part.is_some_and(|p| memchr::memmem::find(p, b"```").is_some());
@@ -232,24 +233,23 @@ impl MessagesRequest {
 pub struct CountTokensRequest {
     prompt: Prompt,
     pub routing: Option<RoutingOverride>,
-    pub estimate: Estimate,
 }
 
 impl CountTokensRequest {
     pub fn parse(body: Bytes) -> Result<Self, RequestBodyError> {
         let (mut prompt, scan) = Prompt::read(body, COUNT_TOKENS_KEYS)?;
         let routing = prompt.envelope.routing(&scan)?;
-        let estimate = prompt.estimate();
-        Ok(Self {
-            prompt,
-            routing,
-            estimate,
-        })
+        Ok(Self { prompt, routing })
+    }
+
+    /// The prompt's tokens, estimated from what it says (made when first asked).
+    pub fn estimate(&self) -> Estimate {
+        self.prompt.estimate()
     }
 
     /// The same estimate as [`MessagesRequest::prompt_tokens`].
     pub fn prompt_tokens(&self) -> u64 {
-        self.estimate.anthropic()
+        self.estimate().anthropic()
     }
 
     pub fn model_name(&self) -> Cow<'_, str> {

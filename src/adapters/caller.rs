@@ -93,10 +93,22 @@ impl CallerRequest {
         }
     }
 
+    /// What the request needs from a model (whether it carries an image is looked for when
+    /// first asked).
     pub fn needs(&self) -> Needs {
         match self {
-            Self::OpenAi(r) => r.needs,
-            Self::Messages(r) => r.needs,
+            Self::OpenAi(r) => r.needs(),
+            Self::Messages(r) => r.needs(),
+            Self::CountTokens(_) => Needs::default(),
+        }
+    }
+
+    /// [`Self::needs`] without looking for images (`vision` false): for a plan whose
+    /// candidates declare no capabilities, where needs are never compared.
+    pub fn needs_but_vision(&self) -> Needs {
+        match self {
+            Self::OpenAi(r) => r.needs_but_vision(),
+            Self::Messages(r) => r.needs_but_vision(),
             Self::CountTokens(_) => Needs::default(),
         }
     }

@@ -74,6 +74,9 @@ pub(super) struct Envelope {
     /// The prompt's estimate, made the first time something asks (a route whose candidates
     /// declare no price, window, `tpm` or budget, under a key without `tpm`, never does).
     estimate: std::sync::OnceLock<Estimate>,
+    /// Whether the prompt carries an image, looked for the first time something asks (only a
+    /// candidate that declares capabilities, a `params.vision` condition or explain does).
+    vision: std::sync::OnceLock<bool>,
     /// Exact counts of the prompt's text, by encoding (`o200k_base`, `cl100k_base`), once
     /// asked for.
     exact: [std::sync::OnceLock<Option<u64>>; 2],
@@ -116,6 +119,7 @@ impl Envelope {
             messages: scan.get(WANT_MESSAGES).map(|m| m.value.clone()),
             body,
             estimate: std::sync::OnceLock::new(),
+            vision: std::sync::OnceLock::new(),
             exact: Default::default(),
         };
         Ok((envelope, scan))
@@ -180,6 +184,14 @@ impl Envelope {
     /// dialect always passes the same `system`.
     pub(super) fn estimate(&self, system: Option<&[u8]>) -> Estimate {
         *self.estimate.get_or_init(|| self.estimate_now(system))
+    }
+
+    /// Whether `messages` carries an image part, as the dialect's `find` recognises one
+    /// (looked for once, when first asked).
+    pub(super) fn vision(&self, find: fn(&[u8]) -> bool) -> bool {
+        *self
+            .vision
+            .get_or_init(|| self.messages().is_some_and(find))
     }
 
     fn estimate_now(&self, system: Option<&[u8]>) -> Estimate {

@@ -53,10 +53,11 @@ pub struct ChatRequest {
     /// `max_completion_tokens`, `max_tokens` or (Responses) `max_output_tokens`, when a plain
     /// non-negative integer.
     pub max_tokens: Option<u64>,
-    /// What the request needs from a model: a stream (`stream: true`), tools (a non-empty
-    /// `tools` or `functions`), vision (an image part in `messages`), JSON mode
-    /// (`response_format` of type `json_object` or `json_schema`).
-    pub needs: Needs,
+    /// What the request needs from a model, but vision: a stream (`stream: true`), tools (a
+    /// non-empty `tools` or `functions`), JSON mode (`response_format` of type `json_object`
+    /// or `json_schema`). Vision (an image part in `messages`) is looked for when asked
+    /// ([`Self::needs`]).
+    known: Needs,
     /// `stream_options` as the caller sent it: absent, or whether it asks for usage.
     stream_options: Option<bool>,
 }
@@ -82,7 +83,7 @@ impl ChatRequest {
             tools: [WANT_TOOLS, WANT_FUNCTIONS]
                 .iter()
                 .any(|&w| value(w).is_some_and(non_empty_array)),
-            vision: envelope.messages().is_some_and(has_image_part),
+            vision: false,
             json_mode: value(WANT_RESPONSE_FORMAT)
                 .is_some_and(|v| type_is(v, &["json_object", "json_schema"])),
         };
@@ -97,9 +98,23 @@ impl ChatRequest {
             stream,
             routing,
             max_tokens,
-            needs,
+            known: needs,
             envelope,
         })
+    }
+
+    /// What the request needs from a model; whether it carries an image is looked for the
+    /// first time this is asked (a plan whose candidates declare no capabilities never asks).
+    pub fn needs(&self) -> Needs {
+        Needs {
+            vision: self.envelope.vision(has_image_part),
+            ..self.known
+        }
+    }
+
+    /// [`Self::needs`] without looking for images (`vision` false).
+    pub fn needs_but_vision(&self) -> Needs {
+        self.known
     }
 
     /// The prompt's tokens, estimated from what it says (made when first asked).
@@ -128,7 +143,7 @@ impl ChatRequest {
         let tokens = self.estimate().text_tokens();
         let mut score = u32::from(tokens > 2_000) + u32::from(tokens > 8_000);
         score += u32::from(memchr::memmem::find(prompt, b"```").is_some());
-        score += u32::from(self.needs.tools);
+        score += u32::from(self.known.tools);
         score += u32::from(memchr::memmem::find_iter(prompt, b"\"role\"").count() > 6);
         Complexity::of_points(score)
     }
@@ -864,7 +879,7 @@ mod tests {
 
     #[test]
     fn needs_are_derived_from_the_body() {
-        let n = |s: &str| req(s).expect("valid").needs;
+        let n = |s: &str| req(s).expect("valid").needs();
         assert_eq!(n(r#"{"model":"m","messages":[]}"#), Needs::default());
         assert!(n(r#"{"model":"m","stream":true}"#).stream);
         assert!(n(r#"{"model":"m","tools":[{"type":"function"}]}"#).tools);

@@ -47,11 +47,16 @@ pub enum Framing {
 pub fn framing(session: &Session) -> Framing {
     let req = session.req_header();
     let headers = &req.headers;
-    let chunked = headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .any(|v| v.as_bytes().eq_ignore_ascii_case(b"chunked"));
-    let declared = headers.get(header::CONTENT_LENGTH);
+    // One pass over the (few) headers instead of two hashed lookups.
+    let mut chunked = false;
+    let mut declared = None;
+    for (name, value) in headers {
+        if *name == header::TRANSFER_ENCODING {
+            chunked |= value.as_bytes().eq_ignore_ascii_case(b"chunked");
+        } else if *name == header::CONTENT_LENGTH && declared.is_none() {
+            declared = Some(value);
+        }
+    }
     // HTTP/2 has no chunked coding: a body without `content-length` runs to END_STREAM, its
     // length unknown (read as zero, the retry buffer would be enabled from the first read and
     // overflow past 64 KiB). Without a body this reads nothing either way.

@@ -66,6 +66,9 @@ pub struct RequestCtx {
     /// The gateway asking itself (`crate::internal`): no caller key needed, its scope not
     /// applied, no guardrail and no knn selection run.
     pub internal: bool,
+    /// The caller sent some `x-llm-*` header: only then are the steering headers looked up
+    /// (`proxy::headers::scan_caller`).
+    pub steering: bool,
 }
 
 /// Admission of the request itself (the gateway's budget, the caller's key), which happens
@@ -360,6 +363,7 @@ impl RequestCtx {
             local_error: None,
             in_flight: false,
             internal: false,
+            steering: false,
         }
     }
 }

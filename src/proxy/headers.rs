@@ -102,10 +102,35 @@ fn retain(headers: &mut HeaderMap, keep: impl Fn(&HeaderName) -> bool) {
 /// A caller's `x-request-id`, kept as the request's id when it is 1–128 visible ASCII
 /// characters (anything else is replaced by signalbox's own).
 pub fn caller_request_id(headers: &HeaderMap) -> Option<HeaderValue> {
-    let v = headers.get(crate::proxy::respond::names::X_REQUEST_ID)?;
-    let bytes = v.as_bytes();
-    let visible = bytes.iter().all(|b| (0x21..0x7f).contains(b));
-    (!bytes.is_empty() && bytes.len() <= 128 && visible).then(|| v.clone())
+    scan_caller(headers).request_id
+}
+
+/// What intake reads of a caller's headers, in one pass over them.
+#[derive(Debug, Default)]
+pub struct CallerHeaders {
+    /// The caller's `x-request-id`, when sane ([`caller_request_id`]).
+    pub request_id: Option<HeaderValue>,
+    /// Whether any `x-llm-*` header came: without one (most requests), no steering header
+    /// (`x-llm-route`, `-router`, `-metadata`, `-session`, the internal token) is looked up,
+    /// each lookup a hash of its name.
+    pub steering: bool,
+}
+
+/// Read [`CallerHeaders`] from a caller's request headers.
+pub fn scan_caller(headers: &HeaderMap) -> CallerHeaders {
+    let mut out = CallerHeaders::default();
+    for (name, value) in headers {
+        if name.as_str().starts_with("x-llm-") {
+            out.steering = true;
+        } else if out.request_id.is_none() && *name == crate::proxy::respond::names::X_REQUEST_ID {
+            let bytes = value.as_bytes();
+            let visible = bytes.iter().all(|b| (0x21..0x7f).contains(b));
+            if !bytes.is_empty() && bytes.len() <= 128 && visible {
+                out.request_id = Some(value.clone());
+            }
+        }
+    }
+    out
 }
 
 /// Decimal values below this come from a table built once: a `Content-Length` of most answers,
@@ -259,6 +284,28 @@ mod tests {
         }
         assert_eq!(h.get("x-trace").unwrap(), "t");
         assert_eq!(h.get("openai-organization").unwrap(), "org-caller");
+    }
+
+    #[test]
+    fn one_pass_over_a_callers_headers_finds_the_id_and_any_steering_header() {
+        let plain = map(&[
+            ("content-type", "application/json"),
+            ("x-request-id", "r-1"),
+        ]);
+        let seen = scan_caller(&plain);
+        assert!(!seen.steering);
+        assert_eq!(seen.request_id.unwrap(), "r-1");
+        for name in [
+            "x-llm-route",
+            "x-llm-session",
+            "x-llm-internal-token",
+            "X-LLM-Metadata",
+        ] {
+            let h = map(&[("accept", "*/*"), (name, "v")]);
+            assert!(scan_caller(&h).steering, "{name}");
+        }
+        let lookalike = map(&[("x-llmroute", "v"), ("x-llm", "v")]);
+        assert!(!scan_caller(&lookalike).steering);
     }
 
     #[test]

@@ -46,10 +46,13 @@ pub async fn admit(
     ctx.in_flight = true;
 
     let req = session.req_header();
-    if let Some(id) = super::headers::caller_request_id(&req.headers) {
+    let seen = super::headers::scan_caller(&req.headers);
+    if let Some(id) = seen.request_id {
         ctx.request_id = id;
     }
-    ctx.internal = runtime.internal.recognises(&req.headers);
+    ctx.steering = seen.steering;
+    // The internal token is an `x-llm-*` header.
+    ctx.internal = seen.steering && runtime.internal.recognises(&req.headers);
     // The dialect of any answer, refusals included: the endpoint's, or for the model list the
     // Anthropic SDK's (it always sends its API version).
     ctx.surface = Surface::from_path(req.uri.path()).unwrap_or_default();
@@ -116,6 +119,7 @@ pub async fn admit(
                         .req_header()
                         .headers
                         .get(&respond::names::X_LLM_ROUTE)
+                        .filter(|_| ctx.steering)
                         .map(http::HeaderValue::as_bytes);
                     match access::check(ctx, &snapshot, &request, route) {
                         Err(refusal) => Err(refusal),

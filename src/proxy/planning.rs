@@ -100,7 +100,13 @@ pub fn route_request(
 ) -> Result<(decide::Routed, u64), GatewayError> {
     let snapshot = &*ctx.snapshot;
     let headers = &session.req_header().headers;
-    let value = |name: &http::HeaderName| headers.get(name).map(http::HeaderValue::as_bytes);
+    // Without any `x-llm-*` header from the caller there is nothing to look up.
+    let value = |name: &http::HeaderName| {
+        ctx.steering
+            .then(|| headers.get(name))
+            .flatten()
+            .map(http::HeaderValue::as_bytes)
+    };
     let steering_headers = SteeringHeaders::read(
         value(&respond::names::X_LLM_ROUTE),
         value(&respond::names::X_LLM_ROUTER),
@@ -154,8 +160,10 @@ pub fn plan_routed(
     if let Some(r) = key_routing {
         rules.max_attempts = r.max_attempts(rules.max_attempts);
     }
-    let session_hash = headers
-        .get(respond::names::X_LLM_SESSION)
+    let session_hash = ctx
+        .steering
+        .then(|| headers.get(respond::names::X_LLM_SESSION))
+        .flatten()
         .filter(|v| !v.is_empty() && v.len() <= 256)
         .map(|v| stable_hash(v.as_bytes()));
     let env = plan_env(snapshot);
@@ -182,7 +190,13 @@ pub fn plan_routed(
         round_robin: route.round_robin.fetch_add(1, Ordering::Relaxed),
         // Request ids are unique per request: a fresh seed for this request's draws.
         seed,
-        needs: request.needs(),
+        // Compared only with a model's declared capabilities (an ad-hoc deployment has no
+        // model): without any, the prompt is not searched for images.
+        needs: if routed.adhoc.is_none() && route.reads_needs {
+            request.needs()
+        } else {
+            request.needs_but_vision()
+        },
         surface: ctx.surface,
     };
     let rankings = runtime.rankings.load();

@@ -195,14 +195,13 @@ fn choose_relay(ctx: &mut RequestCtx, upstream_response: &ResponseHeader) -> Cal
         return CallerFraming::default();
     };
     let headers = &upstream_response.headers;
-    let encoded = headers
-        .get(header::CONTENT_ENCODING)
+    let find = |name| headers.get(name);
+    let encoded = find(&header::CONTENT_ENCODING)
         .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
     if encoded {
         return CallerFraming::default();
     }
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
+    let content_type = find(&header::CONTENT_TYPE)
         .map(|v| v.as_bytes())
         .unwrap_or_default();
     let request = &a.request;
@@ -233,8 +232,7 @@ fn choose_relay(ctx: &mut RequestCtx, upstream_response: &ResponseHeader) -> Cal
         a.attempts.sse = true;
         a.attempts.relay = Relay::sse(&reply);
     } else if starts_with_ignore_case(content_type, b"application/json") {
-        let upstream_len = headers
-            .get(header::CONTENT_LENGTH)
+        let upstream_len = find(&header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<usize>().ok());
         a.attempts.relay = Relay::json(&reply, upstream_len);

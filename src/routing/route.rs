@@ -72,6 +72,9 @@ pub struct Route {
     /// Whether planning reads the prompt's token estimate for some candidate
     /// ([`Catalog::reads_tokens`]): when none does, a request's plan is built without one.
     pub reads_tokens: bool,
+    /// Whether some candidate's model declares `capabilities` (only then are a request's
+    /// needs compared, and its prompt searched for images).
+    pub reads_needs: bool,
 }
 
 /// A part of a route's candidates ranked on its own.
@@ -177,6 +180,12 @@ impl<'a> Builder<'a> {
         let reads_tokens = candidates
             .iter()
             .any(|d| self.catalog.reads_tokens(self.catalog.deployment(*d)));
+        let reads_needs = candidates.iter().any(|d| {
+            self.catalog
+                .deployment(*d)
+                .model
+                .is_some_and(|m| self.catalog.model(m).capabilities.is_some())
+        });
         self.routes.push(Route {
             idx,
             kind,
@@ -189,6 +198,7 @@ impl<'a> Builder<'a> {
             segments: segments.into(),
             round_robin: AtomicUsize::new(0),
             reads_tokens,
+            reads_needs,
         });
         idx
     }
@@ -218,7 +228,7 @@ mod tests {
     use crate::testing::Fixture;
 
     #[test]
-    fn a_route_reads_the_token_estimate_only_when_a_candidate_prices_or_bounds_it() {
+    fn a_route_reads_the_estimate_and_needs_only_when_a_candidate_uses_them() {
         let snapshot = Fixture::new(
             r#"
 providers:
@@ -231,6 +241,7 @@ models:
   limited: { deployments: [{ provider: a, model: t, tpm: 1000 }] }
   budgeted: { deployments: [{ provider: a, model: u, budget: { usd: 5, period: month } }] }
   spent: { deployments: [{ provider: b, model: s }] }
+  capable: { capabilities: [stream, vision], deployments: [{ provider: a, model: c }] }
 budgets: { providers: { b: { usd: 5, period: month } } }
 chains: { mixed: [local, priced], plain: [local] }
 "#,

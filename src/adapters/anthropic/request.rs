@@ -118,10 +118,11 @@ pub struct MessagesRequest {
     pub max_tokens: u64,
     /// Extended thinking is on (`thinking.type` is `enabled` or `adaptive`).
     pub thinking: bool,
-    /// What the request needs from a model: a stream, tools (a non-empty `tools`), vision (an
-    /// image block in `messages`, tool results included), JSON mode (structured outputs:
-    /// `output_format` or `output_config.format` of type `json_schema`).
-    pub needs: Needs,
+    /// What the request needs from a model, but vision: a stream, tools (a non-empty
+    /// `tools`), JSON mode (structured outputs: `output_format` or `output_config.format` of
+    /// type `json_schema`). Vision (an image block in `messages`, tool results included) is
+    /// looked for when asked ([`Self::needs`]).
+    known: Needs,
 }
 
 impl MessagesRequest {
@@ -146,7 +147,8 @@ impl MessagesRequest {
         let needs = Needs {
             stream,
             tools: value(WANT_TOOLS).is_some_and(non_empty_array),
-            vision: envelope.messages().is_some_and(has_image_block),
+            // Looked for when asked (`Self::needs`).
+            vision: false,
             json_mode,
         };
         Ok(Self {
@@ -155,8 +157,22 @@ impl MessagesRequest {
             routing,
             max_tokens,
             thinking,
-            needs,
+            known: needs,
         })
+    }
+
+    /// What the request needs from a model; whether it carries an image is looked for the
+    /// first time this is asked (a plan whose candidates declare no capabilities never asks).
+    pub fn needs(&self) -> Needs {
+        Needs {
+            vision: self.prompt.envelope.vision(has_image_block),
+            ..self.known
+        }
+    }
+
+    /// [`Self::needs`] without looking for images (`vision` false).
+    pub fn needs_but_vision(&self) -> Needs {
+        self.known
     }
 
     /// The prompt's tokens, estimated from what it says (made when first asked).
@@ -186,7 +202,7 @@ impl MessagesRequest {
             |part: Option<&[u8]>| part.is_some_and(|p| memchr::memmem::find(p, b"```").is_some());
         let mut score = u32::from(tokens > 2_000) + u32::from(tokens > 8_000);
         score += u32::from(fenced(self.system()) || fenced(messages));
-        score += u32::from(self.needs.tools);
+        score += u32::from(self.known.tools);
         score += u32::from(
             messages.is_some_and(|m| memchr::memmem::find_iter(m, b"\"role\"").count() > 6),
         );
@@ -470,7 +486,7 @@ mod tests {
             .expect("valid");
         assert_eq!(r.model_name(), "fast");
         assert_eq!(&r.model_literal()[..], b"\"fast\"");
-        assert!(r.stream && r.needs.stream);
+        assert!(r.stream && r.needs().stream);
         assert_eq!(r.max_tokens, 1024);
         assert!(!r.thinking);
         assert!(r.routing.is_none());
@@ -493,7 +509,7 @@ mod tests {
 
     #[test]
     fn needs_are_derived_from_the_body() {
-        let n = |s: &str| req(s).expect("valid").needs;
+        let n = |s: &str| req(s).expect("valid").needs();
         assert_eq!(
             n(r#"{"model":"m","max_tokens":1,"messages":[]}"#),
             Needs::default()
@@ -532,7 +548,7 @@ mod tests {
         assert!(!n(r#"{"model":"m","max_tokens":1,"output_config":{"effort":"low"}}"#).json_mode);
         let all = req(std::str::from_utf8(THINKING_FIXTURE).expect("utf8")).expect("valid");
         assert_eq!(
-            all.needs,
+            all.needs(),
             Needs {
                 stream: true,
                 tools: true,
@@ -889,7 +905,7 @@ mod tests {
                     (Ok(_), Err(e)) => panic!("accepted what serde_json refuses at {at}: {e}"),
                 }
                 let _ =
-                    MessagesRequest::parse(Bytes::from(body)).map(|r| (r.complexity(), r.needs));
+                    MessagesRequest::parse(Bytes::from(body)).map(|r| (r.complexity(), r.needs()));
                 checked += 1;
             }
         }

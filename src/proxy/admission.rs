@@ -102,7 +102,9 @@ pub async fn admit_next(ctx: &mut RequestCtx, shared: Option<&SharedAdmission>) 
     if asked.ask.is_empty() {
         return admitted_locally(ctx, &snapshot, pending);
     }
-    let Some(answer) = shared.admit(&asked.ask).await else {
+    // The store's round trip on the heap (only with Redis): inline, its state would be part
+    // of every request's future, for as long as a stream is open.
+    let Some(answer) = super::on_heap(|| shared.admit(&asked.ask)).await else {
         // Past state.timeout, or Redis away (counted): the local counters decide.
         return admitted_locally(ctx, &snapshot, pending);
     };

@@ -242,23 +242,28 @@ async fn drive(
         let request = respond::request_copy(session.req_header());
         // The result is matched as it comes (no binding of it): a partly moved binding would
         // keep its room in this future while the stream is relayed.
-        let (ahead, hedge_peer) = match super::hedge::until_commit(
-            session, ctx, runtime, connector, peer, request, shared, hedge,
-        )
+        // On the heap, as the single attempt's connect below.
+        let (mut ahead, hedge_peer) = match super::on_heap(|| {
+            super::hedge::until_commit(
+                session, ctx, runtime, connector, peer, request, shared, hedge,
+            )
+        })
         .await
         {
             Ok(won) => won,
             Err(drive) => return drive,
         };
         let peer = hedge_peer.as_deref().unwrap_or(peer);
-        return commit(session, ctx, runtime, connector, peer, ahead).await;
+        let (drive, leave) = commit(session, ctx, runtime, &mut ahead).await;
+        leave_upstream(connector, peer, ahead.upstream, leave).await;
+        return drive;
     }
     let Some((request, body)) = upstream_request(ctx, session.req_header()) else {
         return after(settle::on(ctx, Sent::Connect(Outcome::LocalError)));
     };
     // The connect's state lives on the heap until the commit point, not in the request's
     // future for as long as a stream is open (`super::on_heap`).
-    let ahead = tokio::select! {
+    let mut ahead = tokio::select! {
         ahead = super::on_heap(|| until_commit(ctx, connector, peer, request, body)) => match ahead {
             Ok(ahead) => ahead,
             Err(drive) => return drive,
@@ -271,13 +276,51 @@ async fn drive(
             );
         }
     };
-    commit(session, ctx, runtime, connector, peer, ahead).await
+    // The attempt's connection is held here, once, for the whole answer: commit and relay
+    // borrow it (a by-value argument of an async fn is kept twice in its future, and a
+    // stream's futures live as long as it does).
+    let (drive, leave) = commit(session, ctx, runtime, &mut ahead).await;
+    leave_upstream(connector, peer, ahead.upstream, leave).await;
+    drive
+}
+
+/// What becomes of an attempt's upstream connection once its answer is through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leave {
+    /// Back to the pool: the answer ended cleanly.
+    Pool,
+    /// Closed: the stream ended without its terminal event.
+    Close,
+    /// Dropped as it is: the exchange broke on either side.
+    Drop,
+}
+
+/// The end of an attempt's connection, as `leave` says, as a future made on the heap: the
+/// release's ~3 KiB of state (`super::on_heap`) is not part of the request's future, which a
+/// stream keeps from its first chunk to its last.
+fn leave_upstream<'a>(
+    connector: &'a Connector,
+    peer: &'a HttpPeer,
+    upstream: UpstreamSession,
+    leave: Leave,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+    match leave {
+        Leave::Pool => {
+            super::on_heap(move || connector.release_http_session(upstream, peer, Some(POOL_IDLE)))
+        }
+        Leave::Close => super::on_heap(move || async move {
+            let mut upstream = upstream;
+            upstream.shutdown().await;
+        }),
+        Leave::Drop => Box::pin(std::future::ready(())),
+    }
 }
 
 /// An attempt read up to its commit point.
 pub(super) struct Ahead {
     pub(super) upstream: UpstreamSession,
-    pub(super) header: ResponseHeader,
+    /// The caller's header, taken when it is written (boxed as Pingora writes it).
+    pub(super) header: Option<Box<ResponseHeader>>,
     /// The body read so far (held back from the caller).
     pub(super) held: BytesMut,
     /// Whether the body has ended.
@@ -339,7 +382,7 @@ async fn until_commit(
     };
     Ok(Ahead {
         upstream,
-        header,
+        header: Some(Box::new(header)),
         held,
         ended,
     })
@@ -474,31 +517,28 @@ async fn read_to_commit(
 }
 
 /// The commit: the header (with the routing headers), then what was held; a complete answer
-/// ends here, a stream is relayed on.
+/// ends here, a stream is relayed on. With the answer's end, what becomes of its connection.
 async fn commit(
     session: &mut Session,
     ctx: &mut RequestCtx,
     runtime: &Runtime,
-    connector: &Connector,
-    peer: &HttpPeer,
-    ahead: Ahead,
-) -> Drive {
-    let Ahead {
-        upstream,
-        mut header,
-        held,
-        ended,
-    } = ahead;
+    ahead: &mut Ahead,
+) -> (Drive, Leave) {
+    let Some(mut header) = ahead.header.take() else {
+        let e = Error::explain(ErrorType::InternalError, "no header to commit");
+        return (Drive::Aborted(e), Leave::Drop);
+    };
     let refusal = !header.status.is_success();
     response::commit_header(ctx, &mut header);
     if !refusal {
         planning::bind_session(runtime, ctx);
     }
-    if let Err(e) = session.write_response_header(Box::new(header), false).await {
+    if let Err(e) = session.write_response_header(header, false).await {
         settle::cancelled(ctx);
-        return Drive::Aborted(e.into_down());
+        return (Drive::Aborted(e.into_down()), Leave::Drop);
     }
-    if ended {
+    let held = std::mem::take(&mut ahead.held);
+    if ahead.ended {
         let mut body = (!held.is_empty()).then(|| held.freeze());
         if !refusal {
             let verdict = response::end_committed_body(ctx, &mut body);
@@ -506,10 +546,9 @@ async fn commit(
         }
         if let Err(e) = session.write_response_body(body, true).await {
             settle::cancelled(ctx);
-            return Drive::Aborted(e.into_down());
+            return (Drive::Aborted(e.into_down()), Leave::Drop);
         }
-        pool(connector, upstream, peer).await;
-        return Drive::Done;
+        return (Drive::Done, Leave::Pool);
     }
     if !held.is_empty() {
         if let Err(e) = session
@@ -517,20 +556,18 @@ async fn commit(
             .await
         {
             settle::cancelled(ctx);
-            return Drive::Aborted(e.into_down());
+            return (Drive::Aborted(e.into_down()), Leave::Drop);
         }
     }
-    relay(session, ctx, connector, peer, upstream).await
+    relay(session, ctx, &mut ahead.upstream).await
 }
 
 /// After the commit: relay every chunk as it comes, each read bounded by the idle timeout.
 async fn relay(
     session: &mut Session,
     ctx: &mut RequestCtx,
-    connector: &Connector,
-    peer: &HttpPeer,
-    mut upstream: UpstreamSession,
-) -> Drive {
+    upstream: &mut UpstreamSession,
+) -> (Drive, Leave) {
     let sse = ctx.admitted.as_ref().is_some_and(|a| a.attempts.sse);
     let idle = if sse {
         ctx.snapshot.failover.stream_idle_timeout
@@ -543,17 +580,18 @@ async fn relay(
                 ctx.downstream.break_with(Broke::Stalled);
                 let verdict = response::judge_body(ctx, BodyEnd::Broken(Outcome::Timeout));
                 settle::apply(ctx, verdict);
-                return Drive::Aborted(Error::explain(
+                let e = Error::explain(
                     ErrorType::ReadTimedout,
                     "the provider's stream stalled past stream_idle_timeout",
-                ));
+                );
+                return (Drive::Aborted(e), Leave::Drop);
             }
             Ok(Err(e)) => {
                 let verdict =
                     response::judge_body(ctx, BodyEnd::Broken(verdicts::classify_proxy_error(&e)));
                 ctx.downstream.break_with(Broke::Interrupted);
                 settle::apply(ctx, verdict);
-                return Drive::Aborted(e.into_up());
+                return (Drive::Aborted(e.into_up()), Leave::Drop);
             }
             Ok(Ok(c)) => c,
         };
@@ -569,26 +607,15 @@ async fn relay(
         if let Err(e) = session.write_response_body(chunk, eos).await {
             // The caller went away mid-stream: cancelled, never the provider's failure.
             settle::cancelled(ctx);
-            return Drive::Aborted(e.into_down());
+            return (Drive::Aborted(e.into_down()), Leave::Drop);
         }
         if eos {
-            if broken {
-                // Ended without its terminal event: the error event went out in-band; the
-                // connection is not reused.
-                upstream.shutdown().await;
-            } else {
-                pool(connector, upstream, peer).await;
-            }
-            return Drive::Done;
+            // Ended without its terminal event: the error event went out in-band; the
+            // connection is not reused.
+            let leave = if broken { Leave::Close } else { Leave::Pool };
+            return (Drive::Done, leave);
         }
     }
-}
-
-/// Give a finished upstream connection back to the pool. The release's ~3 KiB of state is
-/// made on the heap when it runs (`super::on_heap`): inline, a stream's `relay` would hold
-/// room for it from its first chunk to its last.
-async fn pool(connector: &Connector, upstream: UpstreamSession, peer: &HttpPeer) {
-    super::on_heap(|| connector.release_http_session(upstream, peer, Some(POOL_IDLE))).await;
 }
 
 pub(super) enum SendError {

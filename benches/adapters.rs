@@ -1,6 +1,9 @@
 //! The request body scan and per-attempt rewrite, and the response `model` rewrite, beside
 //! `serde_json` doing the same work (parse to a `Value`, edit, serialise) in the same run; a
-//! number's header value beside `http`'s own.
+//! number's header value beside `http`'s own; the request's parse with and without its token
+//! estimate (made only when a route reads it); the caller's headers read in one pass beside
+//! the hashed lookups it replaces; a provider's and a caller's headers filtered into a fresh
+//! map beside the whole-map copy it replaces.
 //!
 //! Run: `cargo bench --bench adapters`.
 
@@ -204,11 +207,141 @@ fn bench_estimate(c: &mut Criterion) {
     g.finish();
 }
 
+/// What a request pays for its estimate when nothing reads it (now) and when a route does: the
+/// 2 KiB chat body parsed, then its estimate asked for.
+fn bench_lazy_estimate(c: &mut Criterion) {
+    let mut g = c.benchmark_group("request_parse");
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    let b = body(2 << 10);
+    g.bench_function("parse_only", |bench| {
+        bench.iter(|| black_box(ChatRequest::parse(b.clone()).expect("valid")));
+    });
+    g.bench_function("parse_and_estimate", |bench| {
+        bench.iter(|| {
+            let req = ChatRequest::parse(b.clone()).expect("valid");
+            black_box(req.estimate())
+        });
+    });
+    g.finish();
+}
+
+/// The headers an SDK sends with a chat request (no `x-llm-*` among them).
+fn sdk_headers() -> http::HeaderMap {
+    let mut h = http::HeaderMap::new();
+    for (k, v) in [
+        ("host", "127.0.0.1:8080"),
+        ("user-agent", "OpenAI/Python 1.54.0"),
+        ("accept", "application/json"),
+        ("accept-encoding", "gzip, deflate"),
+        ("content-type", "application/json"),
+        ("content-length", "2048"),
+        ("authorization", "Bearer sk-test"),
+        ("x-stainless-lang", "python"),
+        ("x-stainless-retry-count", "0"),
+    ] {
+        h.append(
+            http::HeaderName::from_static(k),
+            http::HeaderValue::from_static(v),
+        );
+    }
+    h
+}
+
+/// Intake's header reads: one pass (`scan_caller`) beside the hashed lookups of every
+/// steering header and the request id it replaces.
+fn bench_caller_headers(c: &mut Criterion) {
+    use signalbox::proxy::headers::scan_caller;
+    let mut g = c.benchmark_group("caller_headers");
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    let h = sdk_headers();
+    g.bench_function("one_pass", |bench| {
+        bench.iter(|| black_box(scan_caller(black_box(&h))));
+    });
+    let names = [
+        "x-request-id",
+        "x-llm-internal-token",
+        "x-llm-route",
+        "x-llm-route",
+        "x-llm-router",
+        "x-llm-metadata",
+        "x-llm-session",
+    ]
+    .map(http::HeaderName::from_static);
+    g.bench_function("hashed_lookups", |bench| {
+        bench.iter(|| {
+            let h = black_box(&h);
+            black_box(names.iter().filter(|n| h.get(*n).is_some()).count())
+        });
+    });
+    g.finish();
+}
+
+/// A provider's request header and a caller's response header: the kept entries cloned into
+/// a fresh map (now) beside the whole-map copy the old path started from (before its filter).
+fn bench_header_filters(c: &mut Criterion) {
+    use signalbox::config::{HeaderGlobs, ProviderKind};
+    use signalbox::proxy::headers::{to_caller_from, to_provider_from};
+    let mut g = c.benchmark_group("header_filters");
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    let caller = sdk_headers();
+    let pass = HeaderGlobs::default();
+    g.bench_function("to_provider_fresh", |bench| {
+        bench.iter(|| {
+            let mut out = http::HeaderMap::with_capacity(16);
+            to_provider_from(
+                black_box(&caller),
+                &mut out,
+                ProviderKind::OpenAi,
+                false,
+                &pass,
+            );
+            black_box(out)
+        });
+    });
+    g.bench_function("whole_map_copy", |bench| {
+        bench.iter(|| black_box(black_box(&caller).clone()));
+    });
+    let mut answer = http::HeaderMap::new();
+    for (k, v) in [
+        ("date", "Fri, 04 Dec 2026 19:00:00 GMT"),
+        ("content-type", "application/json"),
+        ("content-length", "270"),
+        ("openai-organization", "org-1"),
+        ("openai-processing-ms", "312"),
+        ("x-ratelimit-remaining-requests", "9999"),
+        ("x-ratelimit-remaining-tokens", "199000"),
+        ("x-request-id", "req_1"),
+        ("set-cookie", "__cf_bm=1"),
+    ] {
+        answer.append(
+            http::HeaderName::from_static(k),
+            http::HeaderValue::from_static(v),
+        );
+    }
+    g.bench_function("to_caller_fresh", |bench| {
+        bench.iter(|| {
+            let mut out = http::HeaderMap::with_capacity(24);
+            to_caller_from(black_box(&answer), &mut out, &pass);
+            black_box(out)
+        });
+    });
+    g.bench_function("answer_whole_map_copy", |bench| {
+        bench.iter(|| black_box(black_box(&answer).clone()));
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
     bench_request,
     bench_response,
     bench_relay,
-    bench_estimate
+    bench_estimate,
+    bench_lazy_estimate,
+    bench_caller_headers,
+    bench_header_filters
 );
 criterion_main!(benches);

@@ -104,7 +104,7 @@ pub async fn admit_next(ctx: &mut RequestCtx, shared: Option<&SharedAdmission>) 
     }
     // The store's round trip on the heap (only with Redis): inline, its state would be part
     // of every request's future, for as long as a stream is open.
-    let Some(answer) = super::on_heap(|| shared.admit(&asked.ask)).await else {
+    let Some(answer) = super::heap::on_heap(|| shared.admit(&asked.ask)).await else {
         // Past state.timeout, or Redis away (counted): the local counters decide.
         return admitted_locally(ctx, &snapshot, pending);
     };

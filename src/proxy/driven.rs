@@ -243,7 +243,7 @@ async fn drive(
         // The result is matched as it comes (no binding of it): a partly moved binding would
         // keep its room in this future while the stream is relayed.
         // On the heap, as the single attempt's connect below.
-        let (mut ahead, hedge_peer) = match super::on_heap(|| {
+        let (mut ahead, hedge_peer) = match super::heap::on_heap(|| {
             super::hedge::until_commit(
                 session, ctx, runtime, connector, peer, request, shared, hedge,
             )
@@ -262,9 +262,9 @@ async fn drive(
         return after(settle::on(ctx, Sent::Connect(Outcome::LocalError)));
     };
     // The connect's state lives on the heap until the commit point, not in the request's
-    // future for as long as a stream is open (`super::on_heap`).
+    // future for as long as a stream is open (`super::heap::on_heap`).
     let mut ahead = tokio::select! {
-        ahead = super::on_heap(|| until_commit(ctx, connector, peer, request, body)) => match ahead {
+        ahead = super::heap::on_heap(|| until_commit(ctx, connector, peer, request, body)) => match ahead {
             Ok(ahead) => ahead,
             Err(drive) => return drive,
         },
@@ -296,7 +296,7 @@ enum Leave {
 }
 
 /// The end of an attempt's connection, as `leave` says, as a future made on the heap: the
-/// release's ~3 KiB of state (`super::on_heap`) is not part of the request's future, which a
+/// release's ~3 KiB of state (`super::heap::on_heap`) is not part of the request's future, which a
 /// stream keeps from its first chunk to its last.
 fn leave_upstream<'a>(
     connector: &'a Connector,
@@ -305,10 +305,10 @@ fn leave_upstream<'a>(
     leave: Leave,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
     match leave {
-        Leave::Pool => {
-            super::on_heap(move || connector.release_http_session(upstream, peer, Some(POOL_IDLE)))
-        }
-        Leave::Close => super::on_heap(move || async move {
+        Leave::Pool => super::heap::on_heap(move || {
+            connector.release_http_session(upstream, peer, Some(POOL_IDLE))
+        }),
+        Leave::Close => super::heap::on_heap(move || async move {
             let mut upstream = upstream;
             upstream.shutdown().await;
         }),

@@ -102,7 +102,7 @@ pub async fn admit(
     // The one path beside the model endpoints that signalbox answers itself (a length
     // compare for every other request).
     if session.req_header().uri.path() == crate::recommend::PATH {
-        return super::on_heap(|| crate::recommend::serve(session, ctx, runtime)).await;
+        return super::heap::on_heap(|| crate::recommend::serve(session, ctx, runtime)).await;
     }
     let admitted = match check_request_line(session, ctx, &snapshot) {
         Err(refusal) => Err(refusal),
@@ -190,7 +190,8 @@ async fn route_with_knn(
     if snapshot.knn.is_some() && !ctx.internal && crate::knn::applies(snapshot, &routed) {
         let user = access::key(ctx, snapshot).and_then(|k| k.user.as_deref());
         let ask = crate::knn::Ask::read(&session.req_header().headers, user);
-        super::on_heap(|| crate::knn::route(runtime, snapshot, request, ask, &mut routed)).await;
+        super::heap::on_heap(|| crate::knn::route(runtime, snapshot, request, ask, &mut routed))
+            .await;
     }
     Ok((routed, seed))
 }
@@ -316,7 +317,7 @@ mod tests {
     /// An open stream keeps `request_filter`'s future (this one, awaited inside it) until it
     /// ends: its size is memory per open stream. The large, short-lived phases (the upstream
     /// connect, the hedge race, the knn call, the shared store, the pool release) run on the
-    /// heap (`super::super::on_heap`); one of them awaited inline again would add its ~9 KiB
+    /// heap (`super::super::heap`); one of them awaited inline again would add its ~9 KiB
     /// here (3,224 bytes when this was written, debug and release alike; 16.6 KiB before).
     #[test]
     fn the_request_future_an_open_stream_keeps_stays_small() {

@@ -31,8 +31,9 @@
 //! `settle`: the one place an attempt's outcome reaches health, the request's failure log and
 //! the next target. `response` is the header and body handling they share; `respond` writes
 //! what signalbox answers itself (errors, `/v1/models`, routing headers); `ctx` is the typed
-//! context; `body` is how any body size is replayed; `wire` sends the driven path's request
-//! head and a known body in one write.
+//! context; `body` is how any body size is replayed; `heap` makes the futures of the large,
+//! short-lived phases on the heap; `wire` sends the driven path's request head and a known
+//! body in one write.
 
 pub mod access;
 pub mod admission;
@@ -44,6 +45,7 @@ pub mod emit;
 pub mod fast;
 pub mod guard;
 pub mod headers;
+pub mod heap;
 pub mod hedge;
 pub mod intake;
 pub mod planning;
@@ -68,17 +70,6 @@ use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 use crate::snapshot::Runtime;
 use crate::state::admit::SharedAdmission;
-
-/// A future on the heap, made there: for a phase of `request_filter` whose state is large
-/// (the upstream connect, the knn embedding call) and short-lived. Awaited inline, its state
-/// would be part of `request_filter`'s own future, which Pingora keeps for the whole request:
-/// every open stream would hold the connect's ~10 KiB until it ends. Boxed, the phase's state
-/// is freed when it finishes. The slot is allocated before the future is made, so the
-/// compiler can build it in place instead of copying it in.
-pub(crate) fn on_heap<F: std::future::Future>(make: impl FnOnce() -> F) -> std::pin::Pin<Box<F>> {
-    let slot = Box::<F>::new_uninit();
-    Box::into_pin(Box::write(slot, make()))
-}
 
 /// The signalbox proxy.
 pub struct Gateway {

@@ -19,8 +19,8 @@
 //!   header lines or 1 MiB of head `431`, anything else `400 invalid_http`.
 //!
 //! After admission every call goes straight through. What it costs an admitted request: one
-//! `memchr` count over the head's bytes as they are read, one timer reset per request, and an
-//! atomic load per read and write. A request Pingora parses from bytes it already held (the
+//! `memchr` count over the head's bytes as they are read, at most one timer reset per request
+//! (none when the next head is already there), and an atomic load per read and write. A request Pingora parses from bytes it already held (the
 //! next pipelined request) is not seen by the deadline, and its refusal (rare) is classified
 //! from nothing read: `400`, or `405`.
 
@@ -139,7 +139,13 @@ pub struct EdgeStream {
     inner: Stream,
     /// Set by the proxy once Pingora accepted the request's head.
     admitted: AtomicBool,
+    /// The timer behind `due`, set to it only before a read waits (a head that arrives in
+    /// one read, most of them, never touches the timer wheel).
     deadline: Pin<Box<Sleep>>,
+    /// When the head (or, while idle, its first byte) is due.
+    due: Instant,
+    /// `deadline` is set to `due`.
+    armed: bool,
     deadlines: HeadDeadlines,
     /// The deadline is the idle one: no byte of the next request yet.
     idle: bool,
@@ -159,6 +165,8 @@ impl EdgeStream {
             inner,
             admitted: AtomicBool::new(false),
             deadline: Box::pin(tokio::time::sleep(deadlines.header)),
+            due: Instant::now() + deadlines.header,
+            armed: false,
             deadlines,
             idle: false,
             head: HeadSeen::default(),
@@ -172,9 +180,8 @@ impl EdgeStream {
     /// A kept-alive connection waits for its next request.
     pub fn next_request(&mut self) {
         self.admitted.store(false, Ordering::Relaxed);
-        self.deadline
-            .as_mut()
-            .reset(Instant::now() + self.deadlines.idle);
+        self.due = Instant::now() + self.deadlines.idle;
+        self.armed = false;
         self.idle = true;
         self.head = HeadSeen::default();
         self.timed_out = false;
@@ -232,6 +239,27 @@ impl AsyncRead for EdgeStream {
         if !this.in_head() {
             return Pin::new(&mut this.inner).poll_read(cx, buf);
         }
+        // Bytes already there are read; the deadline is judged before a read would wait (and
+        // its timer wakes that wait): a caller sending slower than it is read always waits,
+        // so a head trickled in past its deadline still fails at the next wait.
+        let before = buf.filled().len();
+        if let Poll::Ready(read) = Pin::new(&mut this.inner).poll_read(cx, buf) {
+            read?;
+            let fresh = &buf.filled()[before..];
+            if !fresh.is_empty() {
+                if this.idle {
+                    this.idle = false;
+                    this.due = Instant::now() + this.deadlines.header;
+                    this.armed = false;
+                }
+                this.head.observe(fresh);
+            }
+            return Poll::Ready(Ok(()));
+        }
+        if !this.armed {
+            this.deadline.as_mut().reset(this.due);
+            this.armed = true;
+        }
         if this.deadline.as_mut().poll(cx).is_ready() {
             if this.head.bytes == 0 {
                 // Nothing of a request: read as a close, which Pingora ends quietly.
@@ -243,19 +271,7 @@ impl AsyncRead for EdgeStream {
                 "request head deadline",
             )));
         }
-        let before = buf.filled().len();
-        ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
-        let fresh = &buf.filled()[before..];
-        if !fresh.is_empty() {
-            if this.idle {
-                this.idle = false;
-                this.deadline
-                    .as_mut()
-                    .reset(Instant::now() + this.deadlines.header);
-            }
-            this.head.observe(fresh);
-        }
-        Poll::Ready(Ok(()))
+        Poll::Pending
     }
 }
 

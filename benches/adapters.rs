@@ -226,10 +226,21 @@ fn bench_lazy_estimate(c: &mut Criterion) {
     g.finish();
 }
 
+/// A header map of these entries, in order.
+fn header_map(entries: &[(&'static str, &'static str)]) -> http::HeaderMap {
+    let mut h = http::HeaderMap::new();
+    for (k, v) in entries {
+        h.append(
+            http::HeaderName::from_static(k),
+            http::HeaderValue::from_static(v),
+        );
+    }
+    h
+}
+
 /// The headers an SDK sends with a chat request (no `x-llm-*` among them).
 fn sdk_headers() -> http::HeaderMap {
-    let mut h = http::HeaderMap::new();
-    for (k, v) in [
+    header_map(&[
         ("host", "127.0.0.1:8080"),
         ("user-agent", "OpenAI/Python 1.54.0"),
         ("accept", "application/json"),
@@ -239,13 +250,7 @@ fn sdk_headers() -> http::HeaderMap {
         ("authorization", "Bearer sk-test"),
         ("x-stainless-lang", "python"),
         ("x-stainless-retry-count", "0"),
-    ] {
-        h.append(
-            http::HeaderName::from_static(k),
-            http::HeaderValue::from_static(v),
-        );
-    }
-    h
+    ])
 }
 
 /// Intake's header reads: one pass (`scan_caller`) beside the hashed lookups of every
@@ -304,8 +309,7 @@ fn bench_header_filters(c: &mut Criterion) {
     g.bench_function("whole_map_copy", |bench| {
         bench.iter(|| black_box(black_box(&caller).clone()));
     });
-    let mut answer = http::HeaderMap::new();
-    for (k, v) in [
+    let answer = header_map(&[
         ("date", "Fri, 04 Dec 2026 19:00:00 GMT"),
         ("content-type", "application/json"),
         ("content-length", "270"),
@@ -315,12 +319,7 @@ fn bench_header_filters(c: &mut Criterion) {
         ("x-ratelimit-remaining-tokens", "199000"),
         ("x-request-id", "req_1"),
         ("set-cookie", "__cf_bm=1"),
-    ] {
-        answer.append(
-            http::HeaderName::from_static(k),
-            http::HeaderValue::from_static(v),
-        );
-    }
+    ]);
     g.bench_function("to_caller_fresh", |bench| {
         bench.iter(|| {
             let mut out = http::HeaderMap::with_capacity(24);

@@ -8,7 +8,7 @@
 //! constant time). Intake recognises it (`RequestCtx::internal`): it needs no client key, or
 //! acts as the key named in `x-llm-internal-key` (a recommendation is billed to its caller),
 //! and runs no guardrail and no knn selection (so nothing recurses). Both headers start
-//! `x-llm-`, which never reaches a provider (`proxy::headers::to_provider`), and neither is
+//! `x-llm-`, which never reaches a provider (`proxy::headers::to_provider_from`), and neither is
 //! ever logged.
 //!
 //! The connection goes to the address the proxy listener was bound on (an unspecified address

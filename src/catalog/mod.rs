@@ -280,6 +280,13 @@ impl Catalog {
                 .is_some_and(|m| self.model(m).context_window.is_some())
     }
 
+    /// Whether planning a request for `d` compares the request's needs: only with its model's
+    /// declared `capabilities` (an ad-hoc deployment has no model).
+    pub fn reads_needs(&self, d: &Deployment) -> bool {
+        d.model
+            .is_some_and(|m| self.model(m).capabilities.is_some())
+    }
+
     pub fn provider_by_id(&self, id: &str) -> Option<&Provider> {
         self.providers.iter().find(|p| &*p.id == id)
     }

@@ -20,9 +20,9 @@
 //!
 //! After admission every call goes straight through. What it costs an admitted request: one
 //! `memchr` count over the head's bytes as they are read, at most one timer reset per request
-//! (none when the next head is already there), and an atomic load per read and write. A request Pingora parses from bytes it already held (the
-//! next pipelined request) is not seen by the deadline, and its refusal (rare) is classified
-//! from nothing read: `400`, or `405`.
+//! (none when the next head is already there), and an atomic load per read and write. A
+//! request Pingora parses from bytes it already held (the next pipelined request) is not seen
+//! by the deadline, and its refusal (rare) is classified from nothing read: `400`, or `405`.
 
 use std::fmt;
 use std::future::Future;

@@ -4,7 +4,7 @@
 //! [`begin`] starts the attempt (the peer on a pre-resolved address, the in-flight count and
 //! the probe slot in health); [`prepare_body`] builds the body for the target's upstream model
 //! and dialect; the request header is rewritten for the target (only what
-//! [`super::headers::to_provider`] allows of the caller's, then the provider's own `headers`,
+//! [`super::headers::to_provider_from`] allows of the caller's, then the provider's own `headers`,
 //! its credential, `Host` and path from its base URL); and on the fast path the body
 //! Pingora replays from its retry buffer is swapped for the whole rewritten body.
 
@@ -121,7 +121,7 @@ pub fn prepare_body(
 }
 
 /// The request header for the live attempt's target, built from the caller's `caller`: a
-/// fresh map holding only what [`super::headers::to_provider`] keeps of the caller's headers
+/// fresh map holding only what [`super::headers::to_provider_from`] keeps of the caller's headers
 /// (copied by reference, in order), then what signalbox sets. Nothing else of the caller's
 /// header is copied (it is never written upstream).
 pub fn upstream_request_header(

@@ -239,11 +239,9 @@ async fn drive(
         .and_then(|a| a.hedge);
     if let Some(hedge) = hedge {
         // Both racers' headers are built from the caller's: a copy outlives the session borrow.
+        // The race runs on the heap, as the single attempt's connect below.
         let request = respond::request_copy(session.req_header());
-        // The result is matched as it comes (no binding of it): a partly moved binding would
-        // keep its room in this future while the stream is relayed.
-        // On the heap, as the single attempt's connect below.
-        let (mut ahead, hedge_peer) = match super::heap::on_heap(|| {
+        let (ahead, hedge_peer) = match super::heap::on_heap(|| {
             super::hedge::until_commit(
                 session, ctx, runtime, connector, peer, request, shared, hedge,
             )
@@ -254,16 +252,14 @@ async fn drive(
             Err(drive) => return drive,
         };
         let peer = hedge_peer.as_deref().unwrap_or(peer);
-        let (drive, leave) = commit(session, ctx, runtime, &mut ahead).await;
-        leave_upstream(connector, peer, ahead.upstream, leave).await;
-        return drive;
+        return finish(session, ctx, runtime, connector, peer, ahead).await;
     }
     let Some((request, body)) = upstream_request(ctx, session.req_header()) else {
         return after(settle::on(ctx, Sent::Connect(Outcome::LocalError)));
     };
     // The connect's state lives on the heap until the commit point, not in the request's
     // future for as long as a stream is open (`super::heap::on_heap`).
-    let mut ahead = tokio::select! {
+    let ahead = tokio::select! {
         ahead = super::heap::on_heap(|| until_commit(ctx, connector, peer, request, body)) => match ahead {
             Ok(ahead) => ahead,
             Err(drive) => return drive,
@@ -276,11 +272,29 @@ async fn drive(
             );
         }
     };
-    // The attempt's connection is held here, once, for the whole answer: commit and relay
-    // borrow it (a by-value argument of an async fn is kept twice in its future, and a
-    // stream's futures live as long as it does).
-    let (drive, leave) = commit(session, ctx, runtime, &mut ahead).await;
-    leave_upstream(connector, peer, ahead.upstream, leave).await;
+    finish(session, ctx, runtime, connector, peer, ahead).await
+}
+
+/// Commit the attempt read ahead, relay the rest, then leave its connection as the answer
+/// ended. The connection is held here, once, for the whole answer: commit and relay borrow it
+/// (a large by-value argument of an async fn is kept twice in its future, and a stream's
+/// futures live as long as it does).
+async fn finish(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    runtime: &Runtime,
+    connector: &Connector,
+    peer: &HttpPeer,
+    ahead: Ahead,
+) -> Drive {
+    let Ahead {
+        mut upstream,
+        header,
+        held,
+        ended,
+    } = ahead;
+    let (drive, leave) = commit(session, ctx, runtime, &mut upstream, header, held, ended).await;
+    leave_upstream(connector, peer, upstream, leave).await;
     drive
 }
 
@@ -319,8 +333,8 @@ fn leave_upstream<'a>(
 /// An attempt read up to its commit point.
 pub(super) struct Ahead {
     pub(super) upstream: UpstreamSession,
-    /// The caller's header, taken when it is written (boxed as Pingora writes it).
-    pub(super) header: Option<Box<ResponseHeader>>,
+    /// The caller's header, boxed as Pingora writes it.
+    pub(super) header: Box<ResponseHeader>,
     /// The body read so far (held back from the caller).
     pub(super) held: BytesMut,
     /// Whether the body has ended.
@@ -382,7 +396,7 @@ async fn until_commit(
     };
     Ok(Ahead {
         upstream,
-        header: Some(Box::new(header)),
+        header: Box::new(header),
         held,
         ended,
     })
@@ -522,12 +536,11 @@ async fn commit(
     session: &mut Session,
     ctx: &mut RequestCtx,
     runtime: &Runtime,
-    ahead: &mut Ahead,
+    upstream: &mut UpstreamSession,
+    mut header: Box<ResponseHeader>,
+    held: BytesMut,
+    ended: bool,
 ) -> (Drive, Leave) {
-    let Some(mut header) = ahead.header.take() else {
-        let e = Error::explain(ErrorType::InternalError, "no header to commit");
-        return (Drive::Aborted(e), Leave::Drop);
-    };
     let refusal = !header.status.is_success();
     response::commit_header(ctx, &mut header);
     if !refusal {
@@ -537,8 +550,7 @@ async fn commit(
         settle::cancelled(ctx);
         return (Drive::Aborted(e.into_down()), Leave::Drop);
     }
-    let held = std::mem::take(&mut ahead.held);
-    if ahead.ended {
+    if ended {
         let mut body = (!held.is_empty()).then(|| held.freeze());
         if !refusal {
             let verdict = response::end_committed_body(ctx, &mut body);
@@ -559,7 +571,7 @@ async fn commit(
             return (Drive::Aborted(e.into_down()), Leave::Drop);
         }
     }
-    relay(session, ctx, &mut ahead.upstream).await
+    relay(session, ctx, upstream).await
 }
 
 /// After the commit: relay every chunk as it comes, each read bounded by the idle timeout.

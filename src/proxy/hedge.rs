@@ -305,7 +305,7 @@ fn ahead(runner: Runner<'_>, ended: bool) -> Option<Ahead> {
             let r = *r;
             Some(Ahead {
                 upstream: r.up,
-                header: Some(Box::new(r.header)),
+                header: Box::new(r.header),
                 held: r.held,
                 ended,
             })

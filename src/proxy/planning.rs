@@ -169,9 +169,12 @@ pub fn plan_routed(
     let env = plan_env(snapshot);
     // The estimate is made only when a candidate's price, window, `tpm` or budget reads it
     // (a few µs of scanning the prompt otherwise spent for nothing).
-    let reads_tokens = match &routed.adhoc {
-        Some(d) => snapshot.catalog.reads_tokens(d),
-        None => route.reads_tokens,
+    let (reads_tokens, reads_needs) = match &routed.adhoc {
+        Some(d) => (
+            snapshot.catalog.reads_tokens(d),
+            snapshot.catalog.reads_needs(d),
+        ),
+        None => (route.reads_tokens, route.reads_needs),
     };
     let (input_tokens, input_tokens_anthropic) = if reads_tokens {
         decide::input_tokens(snapshot, &routed, &request)
@@ -190,9 +193,9 @@ pub fn plan_routed(
         round_robin: route.round_robin.fetch_add(1, Ordering::Relaxed),
         // Request ids are unique per request: a fresh seed for this request's draws.
         seed,
-        // Compared only with a model's declared capabilities (an ad-hoc deployment has no
-        // model): without any, the prompt is not searched for images.
-        needs: if routed.adhoc.is_none() && route.reads_needs {
+        // Compared only with a model's declared capabilities: without any, the prompt is not
+        // searched for images.
+        needs: if reads_needs {
             request.needs()
         } else {
             request.needs_but_vision()

@@ -70,7 +70,7 @@ fn refusal_header(status: u16) -> Option<ResponseHeader> {
 }
 
 /// The fast path's header, shaped in place for the caller by `framing` (Pingora's own copy;
-/// what may not reach the caller is dropped when it commits, [`commit_header`]).
+/// what may not reach the caller is dropped in `response_filter`, `fast::on_header`).
 pub fn shape_header(framing: CallerFraming, response: &mut ResponseHeader) {
     if framing.refusal {
         if let Some(fresh) = refusal_header(response.status.as_u16()) {

@@ -72,8 +72,8 @@ pub struct Route {
     /// Whether planning reads the prompt's token estimate for some candidate
     /// ([`Catalog::reads_tokens`]): when none does, a request's plan is built without one.
     pub reads_tokens: bool,
-    /// Whether some candidate's model declares `capabilities` (only then are a request's
-    /// needs compared, and its prompt searched for images).
+    /// Whether some candidate compares a request's needs ([`Catalog::reads_needs`]): only then
+    /// is the prompt searched for images.
     pub reads_needs: bool,
 }
 
@@ -177,15 +177,13 @@ impl<'a> Builder<'a> {
         let header =
             HeaderValue::from_str(&label).unwrap_or_else(|_| HeaderValue::from_static("invalid"));
         let strategy = segments.first().map_or(Strategy::Priority, |s| s.strategy);
-        let reads_tokens = candidates
-            .iter()
-            .any(|d| self.catalog.reads_tokens(self.catalog.deployment(*d)));
-        let reads_needs = candidates.iter().any(|d| {
-            self.catalog
-                .deployment(*d)
-                .model
-                .is_some_and(|m| self.catalog.model(m).capabilities.is_some())
-        });
+        let reads = |reads: fn(&Catalog, &crate::catalog::Deployment) -> bool| {
+            candidates
+                .iter()
+                .any(|d| reads(self.catalog, self.catalog.deployment(*d)))
+        };
+        let (reads_tokens, reads_needs) =
+            (reads(Catalog::reads_tokens), reads(Catalog::reads_needs));
         self.routes.push(Route {
             idx,
             kind,

@@ -604,7 +604,7 @@ fn note_response_usage(doc: &[u8], scan: &json::Scan, stats: &mut StreamStats) {
 
 /// A `usage` object, in either OpenAI API's names (`null` or anything unreadable is no usage).
 fn note_usage(value: &[u8], stats: &mut StreamStats) {
-    if let Ok(usage) = serde_json::from_slice::<Usage>(value) {
+    if let Some(usage) = Usage::read(value) {
         stats.usage = Some(usage);
     }
 }

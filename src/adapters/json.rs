@@ -530,7 +530,37 @@ impl<const STRICT: bool> Parser<'_, STRICT> {
 
     /// At a `"`: consume the string, leaving `i` after the closing quote. Returns whether it
     /// had escapes.
+    ///
+    /// Inlined for its common case, a plain string that ends within 16 bytes (keys, roles,
+    /// short values: most strings of a chat request or answer), settled a word at a time with
+    /// no call; anything else goes on in [`Self::string_rest`].
+    #[inline(always)]
     fn string(&mut self) -> Result<bool, JsonError> {
+        let start = self.i + 1;
+        if let Some(words) = self.b.get(start..start + 16) {
+            let (lo, hi) = words.split_at(8);
+            for (offset, word) in [(0, lo), (8, hi)] {
+                let Ok(word) = <[u8; 8]>::try_from(word) else {
+                    break;
+                };
+                let flags = special_bytes(u64::from_le_bytes(word));
+                if flags != 0 {
+                    // The lowest flagged byte is always a special one (see `special_bytes`).
+                    let at = start + offset + (flags.trailing_zeros() / 8) as usize;
+                    if self.b[at] == b'"' {
+                        self.i = at + 1;
+                        return Ok(false);
+                    }
+                    break;
+                }
+            }
+        }
+        self.string_rest()
+    }
+
+    /// [`Self::string`] past its inlined common case: from the opening quote at `i`.
+    #[inline(never)]
+    fn string_rest(&mut self) -> Result<bool, JsonError> {
         self.i += 1;
         let mut escaped = false;
         loop {

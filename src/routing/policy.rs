@@ -12,7 +12,6 @@
 //!
 //! Rules are compiled to where they send a request: a chain or axis route, or a policy.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use http::HeaderValue;
@@ -410,7 +409,7 @@ fn compile_router(b: &mut Builder<'_>, p: &PolicyConfig, router: &RouterConfig) 
 pub(super) fn compile_rules(
     config: &Config,
     chains: &[RouteIdx],
-    axes: &HashMap<&'static str, RouteIdx>,
+    axes: &super::table::NameMap<&'static str, RouteIdx>,
     policies: &[PolicyTable],
 ) -> Vec<RuleTable> {
     if !config.rules_enabled {

@@ -13,6 +13,10 @@
 //! it.
 
 use std::collections::HashMap;
+
+/// A map from a lower-cased name (the config's) to what it names, looked up once or twice per
+/// request: a fast hasher, as its keys come from the config, not from callers.
+pub(super) type NameMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use std::sync::Arc;
 
 use super::policy::{PolicyIdx, PolicyTable, RuleTable};
@@ -32,19 +36,19 @@ pub struct RouteTable {
     /// Each route's label, by its `metric` index (the label values metrics bind).
     pub route_labels: Vec<Arc<str>>,
     /// Lower-cased model and alias names.
-    names: HashMap<Box<str>, RouteIdx>,
+    names: NameMap<Box<str>, RouteIdx>,
     /// Lower-cased chain names.
-    chains: HashMap<Box<str>, RouteIdx>,
+    chains: NameMap<Box<str>, RouteIdx>,
     /// Lower-cased axis names and synonyms.
-    axes: HashMap<&'static str, RouteIdx>,
+    axes: NameMap<&'static str, RouteIdx>,
     /// `<provider>/<upstream-model>` (provider id as written, model lower-cased) of
     /// configured deployments.
-    direct: HashMap<Box<str>, RouteIdx>,
+    direct: NameMap<Box<str>, RouteIdx>,
     /// Per provider: the route used for direct requests to upstream models not in the catalog.
     direct_adhoc: Vec<RouteIdx>,
     /// Compiled policies, in name order, and their lower-cased names.
     pub policies: Vec<PolicyTable>,
-    policy_names: HashMap<Box<str>, PolicyIdx>,
+    policy_names: NameMap<Box<str>, PolicyIdx>,
     /// Compiled rules, in the order written.
     pub rules: Vec<RuleTable>,
     pub active_chain: Option<RouteIdx>,
@@ -93,7 +97,7 @@ impl RouteTable {
             Vec::new(),
         );
 
-        let mut names = HashMap::new();
+        let mut names = NameMap::default();
         for m in &catalog.models {
             let r = b.push(
                 RouteKind::Model,
@@ -113,7 +117,7 @@ impl RouteTable {
             );
             names.insert(a.name.to_ascii_lowercase().into_boxed_str(), r);
         }
-        let mut chains = HashMap::new();
+        let mut chains = NameMap::default();
         let mut chain_routes = Vec::with_capacity(config.chains.len());
         for c in &config.chains {
             let deps = c
@@ -126,7 +130,7 @@ impl RouteTable {
         }
         let active_chain = config.active_chain.map(|c| chain_routes[c]);
 
-        let mut axes = HashMap::new();
+        let mut axes = NameMap::default();
         // Axis routes hold every enabled model's deployments; the ranker orders them.
         let every: Vec<DeploymentIdx> = catalog
             .models
@@ -144,7 +148,7 @@ impl RouteTable {
             axes.insert(axis, r);
         }
 
-        let mut direct: HashMap<Box<str>, RouteIdx> = HashMap::new();
+        let mut direct: NameMap<Box<str>, RouteIdx> = NameMap::default();
         let mut direct_groups: HashMap<String, Vec<DeploymentIdx>> = HashMap::new();
         for d in &catalog.deployments {
             let key = format!(

@@ -75,7 +75,7 @@ impl DnsRefresher {
                         tracing::warn!(provider = %p.id, "provider host resolved to no address; keeping the previous ones");
                     } else if *p.addrs.snapshot() != addrs {
                         tracing::info!(provider = %p.id, count = addrs.len(), "provider addresses changed");
-                        p.addrs.store(addrs);
+                        p.store_addrs(addrs);
                     }
                 }
                 Err(e) => {

@@ -41,6 +41,7 @@ pub async fn flags(
         .get(provider.get())
         .ok_or(Unavailable::NoAddress)?;
     let peer = p.peer().ok_or(Unavailable::NoAddress)?;
+    let peer = &*peer;
     let credential = p
         .credentials
         .iter()
@@ -80,7 +81,7 @@ pub async fn flags(
         )?;
     }
     let (mut session, _) = connector
-        .get_http_session(&peer)
+        .get_http_session(peer)
         .await
         .map_err(|_| Unavailable::Connect)?;
     session.set_read_timeout(peer.options.read_timeout);
@@ -117,7 +118,7 @@ pub async fn flags(
         return Err(Unavailable::Status(status));
     }
     connector
-        .release_http_session(session, &peer, Some(crate::catalog::UPSTREAM_IDLE))
+        .release_http_session(session, peer, Some(crate::catalog::UPSTREAM_IDLE))
         .await;
     verdict(&answer).ok_or(Unavailable::BadAnswer)
 }

@@ -8,6 +8,7 @@
 //! its credential, `Host` and path from its base URL); and on the fast path the body
 //! Pingora replays from its retry buffer is swapped for the whole rewritten body.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -27,6 +28,8 @@ use crate::health::TargetRef;
 use crate::snapshot::Snapshot;
 
 const ANTHROPIC_VERSION_HEADER: HeaderName = HeaderName::from_static("anthropic-version");
+/// [`ANTHROPIC_VERSION_HEADER`], to borrow.
+static ANTHROPIC_VERSION_NAME: HeaderName = ANTHROPIC_VERSION_HEADER;
 
 fn internal(why: &'static str) -> Box<Error> {
     Error::explain(ErrorType::InternalError, why)
@@ -36,7 +39,7 @@ fn internal(why: &'static str) -> Box<Error> {
 /// bookkeeping (the in-flight count, the probe slot it holds), its count. The target must
 /// have been admitted (`admission::admit_next`) and the body prepared for it
 /// ([`prepare_body`]).
-pub fn begin(snapshot: &Snapshot, a: &mut Admitted) -> pingora_error::Result<Box<HttpPeer>> {
+pub fn begin(snapshot: &Snapshot, a: &mut Admitted) -> pingora_error::Result<Arc<HttpPeer>> {
     let next = a
         .attempts
         .next
@@ -81,7 +84,7 @@ pub fn begin(snapshot: &Snapshot, a: &mut Admitted) -> pingora_error::Result<Box
     // What an earlier attempt's response set up does not carry over.
     at.relay = Relay::passthrough();
     at.sse = false;
-    Ok(Box::new(peer))
+    Ok(peer)
 }
 
 /// The body the next target gets, in its dialect: rebuilt only when the upstream model or the
@@ -120,14 +123,37 @@ pub fn prepare_body(
     Ok(())
 }
 
-/// The request header for the live attempt's target, built from the caller's `caller`: a
-/// fresh map holding only what [`super::headers::to_provider_from`] keeps of the caller's headers
-/// (copied by reference, in order), then what signalbox sets. Nothing else of the caller's
-/// header is copied (it is never written upstream).
-pub fn upstream_request_header(
-    ctx: &RequestCtx,
-    caller: &RequestHeader,
-) -> pingora_error::Result<RequestHeader> {
+/// Most header fields the gateway sets itself on one upstream request (its version, the
+/// provider's own, the credential, host, length, request id); a provider with more `headers`
+/// has its request built as a map only ([`HeaderPlan::head`] declines).
+const MAX_SET: usize = 16;
+
+/// What the live attempt's upstream request header is made of, before it is built: the
+/// caller's fields that may reach this provider (in their order), then the fields the gateway
+/// sets, each replacing a caller's of the same name in place. Built either as Pingora's
+/// [`RequestHeader`] ([`HeaderPlan::header`]) or, for the driven path's one-write send,
+/// straight into the bytes Pingora would write for it ([`HeaderPlan::head`]).
+pub struct HeaderPlan<'a> {
+    method: &'a http::Method,
+    uri: &'a http::Uri,
+    version: http::Version,
+    caller: &'a HeaderMap,
+    kind: ProviderKind,
+    /// Whether the caller's `anthropic-beta` travels (an Anthropic caller, same dialect).
+    same_dialect: bool,
+    pass: &'a crate::config::HeaderGlobs,
+    provider_headers: &'a [(HeaderName, HeaderValue)],
+    auth: Option<(&'a HeaderName, &'a HeaderValue)>,
+    host: &'a HeaderValue,
+    length: usize,
+    request_id: &'a HeaderValue,
+}
+
+/// The plan of the live attempt's upstream request header (see [`HeaderPlan`]).
+pub fn header_plan<'a>(
+    ctx: &'a RequestCtx,
+    caller: &'a RequestHeader,
+) -> pingora_error::Result<HeaderPlan<'a>> {
     let snapshot = &ctx.snapshot;
     let Some(a) = &ctx.admitted else {
         return Err(internal("no attempt in progress"));
@@ -145,45 +171,204 @@ pub fn upstream_request_header(
     let auth = provider
         .credentials
         .get(live.target.credential)
-        .and_then(|c| c.auth.as_ref());
+        .and_then(|c| c.auth.as_ref())
+        .map(|auth| (auth.header_name(), auth.header_value()));
     let surface = ctx.surface;
-    // The caller's own version and betas pass on a same-dialect call; a translated request is
-    // written for the version signalbox speaks.
-    let same_dialect = surface.dialect() == Dialect::Anthropic;
-    let len = a.attempts.body.as_ref().map_or(0, |b| b.bytes.len());
-    // The caller's kept headers, then at most these: version, the provider's own, the
-    // credential, host, length, request id.
-    let mut headers = HeaderMap::with_capacity(caller.headers.len() + provider.headers.len() + 6);
-    super::headers::to_provider_from(
-        &caller.headers,
-        &mut headers,
-        provider.kind,
-        same_dialect,
-        &snapshot.request.pass_headers,
-    );
-    if provider.kind == ProviderKind::Anthropic
-        && (!same_dialect || !headers.contains_key(ANTHROPIC_VERSION_HEADER))
-    {
-        headers.insert(
-            ANTHROPIC_VERSION_HEADER,
-            HeaderValue::from_static(ANTHROPIC_VERSION),
+    Ok(HeaderPlan {
+        method: &caller.method,
+        uri: provider.uri(surface.endpoint(provider.kind)),
+        version: caller.version,
+        caller: &caller.headers,
+        kind: provider.kind,
+        // The caller's own version and betas pass on a same-dialect call; a translated
+        // request is written for the version signalbox speaks.
+        same_dialect: surface.dialect() == Dialect::Anthropic,
+        pass: &snapshot.request.pass_headers,
+        provider_headers: &provider.headers,
+        auth,
+        host: &provider.host_header,
+        length: a.attempts.body.as_ref().map_or(0, |b| b.bytes.len()),
+        request_id: &ctx.request_id,
+    })
+}
+
+impl HeaderPlan<'_> {
+    /// The fields the gateway sets, in the order it sets them (a later one of the same name
+    /// replaces an earlier one, in its place), borrowed; `None` past [`MAX_SET`].
+    #[allow(clippy::type_complexity)]
+    fn set_fields<'s>(
+        &'s self,
+        length: &'s HeaderValue,
+    ) -> Option<([(&'s HeaderName, &'s HeaderValue); MAX_SET], usize)> {
+        static NO_NAME: HeaderName = header::HOST;
+        static NO_VALUE: HeaderValue = HeaderValue::from_static("");
+        static VERSION: HeaderValue = HeaderValue::from_static(ANTHROPIC_VERSION);
+        static HOST: HeaderName = header::HOST;
+        static CONTENT_LENGTH: HeaderName = header::CONTENT_LENGTH;
+        static REQUEST_ID: HeaderName = respond::names::X_REQUEST_ID;
+        let mut set = [(&NO_NAME, &NO_VALUE); MAX_SET];
+        let mut n = 0;
+        let mut push = |name: &'s HeaderName, value: &'s HeaderValue| -> Option<()> {
+            *set.get_mut(n)? = (name, value);
+            n += 1;
+            Some(())
+        };
+        // The version signalbox speaks, unless the caller's own travels (same dialect).
+        if self.kind == ProviderKind::Anthropic
+            && (!self.same_dialect || !self.caller.contains_key(ANTHROPIC_VERSION_HEADER))
+        {
+            push(&ANTHROPIC_VERSION_NAME, &VERSION)?;
+        }
+        for (name, value) in self.provider_headers {
+            push(name, value)?;
+        }
+        if let Some((name, value)) = self.auth {
+            push(name, value)?;
+        }
+        push(&HOST, self.host)?;
+        push(&CONTENT_LENGTH, length)?;
+        push(&REQUEST_ID, self.request_id)?;
+        Some((set, n))
+    }
+
+    /// Whether a caller's field named `name` reaches the provider.
+    fn keeps(&self, name: &HeaderName) -> bool {
+        super::headers::for_provider(name, self.kind, self.same_dialect, self.pass)
+    }
+
+    /// Pingora's request header: the caller's kept fields appended, the gateway's inserted.
+    pub fn header(&self) -> RequestHeader {
+        let length = super::headers::int_value(self.length);
+        let mut headers =
+            HeaderMap::with_capacity(self.caller.len() + self.provider_headers.len() + 6);
+        super::headers::to_provider_from(
+            self.caller,
+            &mut headers,
+            self.kind,
+            self.same_dialect,
+            self.pass,
         );
+        if self.kind == ProviderKind::Anthropic
+            && (!self.same_dialect || !headers.contains_key(ANTHROPIC_VERSION_HEADER))
+        {
+            headers.insert(
+                ANTHROPIC_VERSION_HEADER,
+                HeaderValue::from_static(ANTHROPIC_VERSION),
+            );
+        }
+        for (name, value) in self.provider_headers {
+            headers.insert(name.clone(), value.clone());
+        }
+        if let Some((name, value)) = self.auth {
+            headers.insert(name.clone(), value.clone());
+        }
+        headers.insert(header::HOST, self.host.clone());
+        headers.insert(header::CONTENT_LENGTH, length);
+        headers.insert(respond::names::X_REQUEST_ID, self.request_id.clone());
+        let mut parts = http::Request::new(()).into_parts().0;
+        parts.method = self.method.clone();
+        parts.uri = self.uri.clone();
+        parts.version = self.version;
+        parts.headers = headers;
+        RequestHeader::from(parts)
     }
-    for (name, value) in &provider.headers {
-        headers.insert(name.clone(), value.clone());
+
+    /// The HTTP/1.1 head Pingora's `http_req_header_to_wire` would write for
+    /// [`Self::header`] with its version set to 1.1, byte for byte, written straight from the
+    /// caller's fields and the gateway's: no map is built (its hashing and inserts were a
+    /// third of the driven path's header work, issue 22). `None` when the plan is not of the
+    /// common shape (more provider fields than [`MAX_SET`] allows, a target with a byte
+    /// Pingora refuses): build [`Self::header`] instead.
+    pub fn head(&self) -> Option<bytes::BytesMut> {
+        let length = super::headers::int_value(self.length);
+        let (set, n) = self.set_fields(&length)?;
+        let set = &set[..n];
+        let path = self.uri.path_and_query()?.as_str();
+        if path.bytes().any(|b| matches!(b, b' ' | b'\r' | b'\n' | 0)) {
+            return None;
+        }
+        let mut buf = bytes::BytesMut::with_capacity(512);
+        buf.extend_from_slice(self.method.as_str().as_bytes());
+        buf.extend_from_slice(b" ");
+        buf.extend_from_slice(path.as_bytes());
+        buf.extend_from_slice(b" HTTP/1.1\r\n");
+        // The caller's kept fields, in the map's order (a name's values together, where it
+        // first came). A name the gateway sets gets the gateway's last value in its place.
+        let mut replaced = 0u32;
+        let mut previous: Option<&HeaderName> = None;
+        for (name, value) in self.caller {
+            let same = previous == Some(name);
+            previous = Some(name);
+            if !self.keeps(name) {
+                continue;
+            }
+            match last_set(set, name) {
+                Some(i) => {
+                    if !same {
+                        replaced |= mark(set, name);
+                        wire_field(&mut buf, name, set[i].1);
+                    }
+                }
+                None => wire_field(&mut buf, name, value),
+            }
+        }
+        // Then the gateway's own, each name once (where first set, with its last value).
+        for (i, (name, _)) in set.iter().enumerate() {
+            if replaced & (1 << i) != 0 || set[..i].iter().any(|(earlier, _)| earlier == name) {
+                continue;
+            }
+            if let Some(last) = last_set(set, name) {
+                wire_field(&mut buf, name, set[last].1);
+            }
+        }
+        buf.extend_from_slice(b"\r\n");
+        Some(buf)
     }
-    if let Some(auth) = auth {
-        headers.insert(auth.header_name().clone(), auth.header_value().clone());
-    }
-    headers.insert(header::HOST, provider.host_header.clone());
-    headers.insert(header::CONTENT_LENGTH, super::headers::int_value(len));
-    headers.insert(respond::names::X_REQUEST_ID, ctx.request_id.clone());
-    let mut parts = http::Request::new(()).into_parts().0;
-    parts.method = caller.method.clone();
-    parts.uri = provider.uri(surface.endpoint(provider.kind)).clone();
-    parts.version = caller.version;
-    parts.headers = headers;
-    Ok(RequestHeader::from(parts))
+}
+
+/// The position of the last field in `set` named `name`.
+fn last_set(set: &[(&HeaderName, &HeaderValue)], name: &HeaderName) -> Option<usize> {
+    set.iter().rposition(|(n, _)| *n == name)
+}
+
+/// The bits of `set`'s fields named `name`.
+fn mark(set: &[(&HeaderName, &HeaderValue)], name: &HeaderName) -> u32 {
+    set.iter()
+        .enumerate()
+        .filter(|(_, (n, _))| *n == name)
+        .fold(0, |bits, (i, _)| bits | 1 << i)
+}
+
+/// One `name: value` line as Pingora writes it for a map without case: the standard names it
+/// titles (pingora-http `case_header_name::titled_header_name_str`), the rest as they are.
+fn wire_field(buf: &mut bytes::BytesMut, name: &HeaderName, value: &HeaderValue) {
+    let titled = match *name {
+        header::ACCEPT_RANGES => "Accept-Ranges",
+        header::AGE => "Age",
+        header::CACHE_CONTROL => "Cache-Control",
+        header::CONNECTION => "Connection",
+        header::CONTENT_TYPE => "Content-Type",
+        header::CONTENT_ENCODING => "Content-Encoding",
+        header::CONTENT_LENGTH => "Content-Length",
+        header::DATE => "Date",
+        header::TRANSFER_ENCODING => "Transfer-Encoding",
+        header::HOST => "Host",
+        header::SERVER => "Server",
+        header::SET_COOKIE => "Set-Cookie",
+        _ => name.as_str(),
+    };
+    buf.extend_from_slice(titled.as_bytes());
+    buf.extend_from_slice(b": ");
+    buf.extend_from_slice(value.as_bytes());
+    buf.extend_from_slice(b"\r\n");
+}
+
+/// The live attempt's upstream request header, built for its target from the caller's.
+pub fn upstream_request_header(
+    ctx: &RequestCtx,
+    caller: &RequestHeader,
+) -> pingora_error::Result<RequestHeader> {
+    Ok(header_plan(ctx, caller)?.header())
 }
 
 /// [`upstream_request_header`] in place of Pingora's copy of the caller's header (the fast
@@ -207,4 +392,140 @@ pub fn swap_body(ctx: &RequestCtx, body: &mut Option<Bytes>, end_of_stream: bool
     } else {
         None
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use pingora_core::protocols::http::v1::client::http_req_header_to_wire;
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::config::HeaderGlobs;
+
+    const NAMES: [&str; 12] = [
+        "content-type",
+        "accept",
+        "anthropic-version",
+        "anthropic-beta",
+        "openai-beta",
+        "x-custom-a",
+        "x-custom-b",
+        "authorization",
+        "host",
+        "x-request-id",
+        "x-llm-route",
+        "user-agent",
+    ];
+
+    /// Both ways of building the plan's request agree on the bytes Pingora would write.
+    fn agree(plan: &HeaderPlan<'_>) -> Result<(), TestCaseError> {
+        let mut header = plan.header();
+        header.set_version(http::Version::HTTP_11);
+        let expected = http_req_header_to_wire(&header).expect("a writable target");
+        let head = plan.head().expect("the common shape");
+        prop_assert_eq!(
+            String::from_utf8_lossy(&head),
+            String::from_utf8_lossy(&expected)
+        );
+        Ok(())
+    }
+
+    fn field() -> impl Strategy<Value = (HeaderName, HeaderValue)> {
+        (prop::sample::select(NAMES.to_vec()), "[a-z0-9 ]{0,6}").prop_map(|(n, v)| {
+            (
+                HeaderName::from_static(n),
+                HeaderValue::from_str(&v).expect("visible ASCII"),
+            )
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn the_written_head_is_the_one_pingora_writes_for_the_header(
+            caller_fields in prop::collection::vec(field(), 0..10),
+            provider_fields in prop::collection::vec(field(), 0..4),
+            auth_name in prop::sample::select(vec!["authorization", "x-api-key", "x-custom-a"]),
+            with_auth: bool,
+            anthropic: bool,
+            same_dialect: bool,
+            pass_custom: bool,
+            length in 0usize..100_000,
+        ) {
+            let mut caller = HeaderMap::new();
+            for (name, value) in caller_fields {
+                caller.append(name, value);
+            }
+            // A provider's `headers` are a map: one value per name.
+            let mut provider_headers: Vec<(HeaderName, HeaderValue)> = Vec::new();
+            for (name, value) in provider_fields {
+                if !provider_headers.iter().any(|(n, _)| *n == name) {
+                    provider_headers.push((name, value));
+                }
+            }
+            let pass = HeaderGlobs(if pass_custom {
+                vec!["x-custom-*".into(), "user-agent".into()]
+            } else {
+                Vec::new()
+            });
+            let auth_value = HeaderValue::from_static("Bearer sk-test");
+            let auth_name = HeaderName::from_static(auth_name);
+            let method = http::Method::POST;
+            let uri: http::Uri = "/v1/chat/completions".parse().expect("uri");
+            let host = HeaderValue::from_static("api.example.test");
+            let request_id = HeaderValue::from_static("req-1");
+            let plan = HeaderPlan {
+                method: &method,
+                uri: &uri,
+                version: http::Version::HTTP_2,
+                caller: &caller,
+                kind: if anthropic { ProviderKind::Anthropic } else { ProviderKind::OpenAi },
+                same_dialect,
+                pass: &pass,
+                provider_headers: &provider_headers,
+                auth: with_auth.then_some((&auth_name, &auth_value)),
+                host: &host,
+                length,
+                request_id: &request_id,
+            };
+            agree(&plan)?;
+        }
+    }
+
+    #[test]
+    fn a_plan_past_its_room_is_built_as_a_header() {
+        let caller = HeaderMap::new();
+        let pass = HeaderGlobs(Vec::new());
+        let many: Vec<(HeaderName, HeaderValue)> = (0..MAX_SET)
+            .map(|i| {
+                (
+                    HeaderName::from_bytes(format!("x-p{i}").as_bytes()).expect("name"),
+                    HeaderValue::from_static("v"),
+                )
+            })
+            .collect();
+        let method = http::Method::POST;
+        let uri: http::Uri = "/v1/chat/completions".parse().expect("uri");
+        let value = HeaderValue::from_static("x");
+        let plan = HeaderPlan {
+            method: &method,
+            uri: &uri,
+            version: http::Version::HTTP_11,
+            caller: &caller,
+            kind: ProviderKind::OpenAi,
+            same_dialect: false,
+            pass: &pass,
+            provider_headers: &many,
+            auth: None,
+            host: &value,
+            length: 1,
+            request_id: &value,
+        };
+        assert!(plan.head().is_none(), "more fields than MAX_SET");
+        let plan = HeaderPlan {
+            provider_headers: &many[..2],
+            ..plan
+        };
+        let head = plan.head().expect("room enough");
+        assert!(head.starts_with(b"POST /v1/chat/completions HTTP/1.1\r\nx-p0: v\r\nx-p1: v\r\nHost: x\r\nContent-Length: 1\r\nx-request-id: x\r\n\r\n"));
+    }
 }

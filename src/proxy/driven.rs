@@ -259,7 +259,10 @@ async fn drive(
     };
     // The connect's state lives on the heap until the commit point, not in the request's
     // future for as long as a stream is open (`super::heap::on_heap`).
+    // Biased: the attempt is polled first, so the wake that brings its answer does not also
+    // poll the caller's socket (a caller that left is seen at the next wait, or at the write).
     let ahead = tokio::select! {
+        biased;
         ahead = super::heap::on_heap(|| until_commit(ctx, connector, peer, request, body)) => match ahead {
             Ok(ahead) => ahead,
             Err(drive) => return drive,
@@ -315,12 +318,12 @@ enum Leave {
 fn leave_upstream<'a>(
     connector: &'a Connector,
     peer: &'a HttpPeer,
-    upstream: UpstreamSession,
+    upstream: Upstream,
     leave: Leave,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
     match leave {
         Leave::Pool => super::heap::on_heap(move || {
-            connector.release_http_session(upstream, peer, Some(POOL_IDLE))
+            connector.release_http_session(*upstream, peer, Some(POOL_IDLE))
         }),
         Leave::Close => super::heap::on_heap(move || async move {
             let mut upstream = upstream;
@@ -330,9 +333,14 @@ fn leave_upstream<'a>(
     }
 }
 
+/// An attempt's upstream connection, boxed once when its request is written: it passes from
+/// the send through the commit to its release, and a boxed one moves as a pointer, not as
+/// Pingora's ~470-byte session (about fifteen copies per request, issue 22).
+pub(super) type Upstream = Box<UpstreamSession>;
+
 /// An attempt read up to its commit point.
 pub(super) struct Ahead {
-    pub(super) upstream: UpstreamSession,
+    pub(super) upstream: Upstream,
     /// The caller's header, boxed as Pingora writes it.
     pub(super) header: Box<ResponseHeader>,
     /// The body read so far (held back from the caller).
@@ -360,7 +368,7 @@ async fn until_commit(
     ctx: &mut RequestCtx,
     connector: &Connector,
     peer: &HttpPeer,
-    request: pingora_http::RequestHeader,
+    request: UpstreamRequest,
     body: Bytes,
 ) -> Result<Ahead, Drive> {
     let deadline = first_content_deadline(ctx);
@@ -405,14 +413,14 @@ async fn until_commit(
 /// Connect (or take a pooled connection), send the request, read the response header, all
 /// within the first-content deadline; a failure on the way is judged and applied.
 async fn call(
-    request: pingora_http::RequestHeader,
+    request: UpstreamRequest,
     body: Bytes,
     ctx: &mut RequestCtx,
     connector: &Connector,
     peer: &HttpPeer,
     deadline: Instant,
-) -> Result<UpstreamSession, Drive> {
-    let sent = match timeout_at(deadline, send(connector, peer, request, body)).await {
+) -> Result<Upstream, Drive> {
+    let sent = match timeout_at(deadline, send(connector, peer, request, body, deadline)).await {
         Ok(Ok(up)) => return Ok(up),
         Ok(Err(SendError::Connect(e))) => return Err(after(settle::connect_failed(ctx, &e))),
         Ok(Err(SendError::Proxy {
@@ -437,21 +445,39 @@ async fn call(
     Err(after(settle::on(ctx, sent)))
 }
 
-/// The live attempt's request header, built for its target from the caller's, and its body;
-/// `None` when it cannot be written (a local error).
+/// An attempt's upstream request, as it will be written.
+pub(super) enum UpstreamRequest {
+    /// Its HTTP/1.1 head, already the bytes Pingora would write: it leaves with the body in
+    /// one write ([`attempt::HeaderPlan::head`]).
+    Head(bytes::BytesMut),
+    /// Pingora's header (boxed, as Pingora writes it: it moves as a pointer on its way), for
+    /// a request Pingora writes itself (`HEAD`, a body past [`wire::COALESCE_LIMIT`]).
+    Header(Box<pingora_http::RequestHeader>),
+}
+
+/// The live attempt's request, built for its target from the caller's header, and its body;
+/// `None` when it cannot be written (a local error). The upstream leg is HTTP/1.1 whatever
+/// the caller spoke.
 pub(super) fn upstream_request(
     ctx: &RequestCtx,
     caller: &pingora_http::RequestHeader,
-) -> Option<(pingora_http::RequestHeader, Bytes)> {
-    let mut request = attempt::upstream_request_header(ctx, caller).ok()?;
-    // The upstream leg is HTTP/1.1 whatever the caller spoke.
-    request.set_version(http::Version::HTTP_11);
+) -> Option<(UpstreamRequest, Bytes)> {
+    let plan = attempt::header_plan(ctx, caller).ok()?;
     let body = ctx
         .admitted
         .as_ref()
         .and_then(|a| a.attempts.body.as_ref())
         .map(|b| b.bytes.clone())
         .unwrap_or_default();
+    let one_write = caller.method != http::Method::HEAD && body.len() <= wire::COALESCE_LIMIT;
+    let request = match one_write.then(|| plan.head()).flatten() {
+        Some(head) => UpstreamRequest::Head(head),
+        None => {
+            let mut header = Box::new(plan.header());
+            header.set_version(http::Version::HTTP_11);
+            UpstreamRequest::Header(header)
+        }
+    };
     Some((request, body))
 }
 
@@ -642,40 +668,57 @@ pub(super) enum SendError {
 }
 
 /// Connect (or reuse a pooled connection), send the request, read the response header.
+/// `deadline` is the caller's bound on all of it (the caller enforces it, with its own timer).
 pub(super) async fn send(
     connector: &Connector,
     peer: &HttpPeer,
-    request: pingora_http::RequestHeader,
+    request: UpstreamRequest,
     body: Bytes,
-) -> Result<UpstreamSession, SendError> {
-    let (mut up, reused) = connector
+    deadline: Instant,
+) -> Result<Upstream, SendError> {
+    let (up, reused) = connector
         .get_http_session(peer)
         .await
         .map_err(SendError::Connect)?;
-    // As Pingora's own proxy loop does: the peer's timeouts bound each read and write.
-    up.set_read_timeout(peer.options.read_timeout);
-    up.set_write_timeout(peer.options.write_timeout);
     let unwritten = |error: Box<Error>| SendError::Proxy {
         error,
         reused,
         written: false,
     };
-    up = match up {
-        // Head and a known body in one write (issue 22); the bytes are Pingora's own.
-        UpstreamSession::H1(h1) if wire::coalescable(&request, &body) => UpstreamSession::H1(
-            wire::send_whole(h1, peer, &request, &body)
-                .await
-                .map_err(unwritten)?,
-        ),
-        mut up => {
-            up.write_request_header(Box::new(request))
+    let mut up: Upstream = match (up, request) {
+        // Head and a known body in one write (issue 22), the head as Pingora writes it. The
+        // connection's stream is written directly and gets a fresh session.
+        (UpstreamSession::H1(h1), UpstreamRequest::Head(head)) => {
+            let stream = wire::send_whole(h1.into_inner(), peer, &head, &body)
                 .await
                 .map_err(unwritten)?;
+            wire::session_for(stream, peer)
+        }
+        (UpstreamSession::H1(h1), UpstreamRequest::Header(request))
+            if wire::coalescable(&request, &body) =>
+        {
+            let head = wire::head_of(&request).map_err(unwritten)?;
+            let stream = wire::send_whole(h1.into_inner(), peer, &head, &body)
+                .await
+                .map_err(unwritten)?;
+            wire::session_for(stream, peer)
+        }
+        (mut up, request) => {
+            let request = match request {
+                UpstreamRequest::Header(request) => request,
+                UpstreamRequest::Head(head) => wire::header_of(&head).map_err(unwritten)?,
+            };
+            // As Pingora's own proxy loop does, the peer's write timeout bounds each write.
+            // Its read timeout (the provider's `ttfb_timeout`) bounds the header below, not
+            // through Pingora.
+            up.set_read_timeout(None);
+            up.set_write_timeout(peer.options.write_timeout);
+            up.write_request_header(request).await.map_err(unwritten)?;
             if !body.is_empty() {
                 up.write_request_body(body, true).await.map_err(unwritten)?;
             }
             up.finish_request_body().await.map_err(unwritten)?;
-            up
+            Box::new(up)
         }
     };
     let unanswered = |error: Box<Error>| SendError::Proxy {
@@ -683,14 +726,42 @@ pub(super) async fn send(
         reused,
         written: true,
     };
-    // 1xx informational headers are read past.
+    // The provider's `ttfb_timeout` bounds the header from here, as Pingora's per-read timeout
+    // would (`ReadTimedout`). It takes a timer of its own only when it ends before the
+    // caller's deadline: by default it does not (both are `ttfb_timeout`, and the deadline
+    // began before the connect), and Pingora's timer on the read cost ~1.5k instructions per
+    // request (issue 22).
+    let ttfb_by = peer
+        .options
+        .read_timeout
+        .map(|t| Instant::now() + t)
+        .filter(|by| *by < deadline);
+    let read = match ttfb_by {
+        // On the heap: the rare bounded read does not grow every attempt's future (whose
+        // allocation must stay in one of the allocator's small size classes).
+        Some(by) => super::heap::on_heap(|| timeout_at(by, read_final_header(&mut up)))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::explain(
+                    ErrorType::ReadTimedout,
+                    "the provider's ttfb_timeout passed before its response header",
+                ))
+            }),
+        None => read_final_header(&mut up).await,
+    };
+    read.map_err(unanswered)?;
+    Ok(up)
+}
+
+/// Read the response header, past 1xx informational ones.
+async fn read_final_header(up: &mut UpstreamSession) -> pingora_error::Result<()> {
     loop {
-        up.read_response_header().await.map_err(unanswered)?;
+        up.read_response_header().await?;
         let informational = up
             .response_header()
             .is_some_and(|h| h.status.is_informational());
         if !informational {
-            return Ok(up);
+            return Ok(());
         }
     }
 }

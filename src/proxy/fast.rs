@@ -75,7 +75,8 @@ pub async fn peer(
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
-    attempt::begin(snapshot, a)
+    // Pingora takes its peer boxed: a copy of the provider's shared one.
+    attempt::begin(snapshot, a).map(|peer| Box::new(HttpPeer::clone(&peer)))
 }
 
 /// `fail_to_connect`: classify, judge, settle.

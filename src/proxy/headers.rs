@@ -62,7 +62,12 @@ pub fn to_provider_from(
 }
 
 /// Whether a caller's header named `name` may reach a provider of this kind.
-fn for_provider(name: &HeaderName, kind: ProviderKind, betas: bool, pass: &HeaderGlobs) -> bool {
+pub fn for_provider(
+    name: &HeaderName,
+    kind: ProviderKind,
+    betas: bool,
+    pass: &HeaderGlobs,
+) -> bool {
     let n = name.as_str();
     // The dialect's version and beta headers are decided by the provider's kind alone.
     match n {

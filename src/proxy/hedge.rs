@@ -20,11 +20,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use pingora_core::connectors::http::Connector;
-use pingora_core::protocols::http::client::HttpSession as UpstreamSession;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType};
 use pingora_http::{RequestHeader, ResponseHeader};
@@ -32,7 +32,7 @@ use pingora_proxy::Session;
 use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 
 use super::ctx::{HedgeRun, Lane, RequestCtx};
-use super::driven::{self, Ahead, Drive, SendError};
+use super::driven::{self, Ahead, Drive, SendError, Upstream};
 use super::settle::{self, Step};
 use super::{attempt, planning, response};
 use crate::attempt::verdict::HELD_BODY_LIMIT;
@@ -54,7 +54,7 @@ pub fn delay(hedge: &Hedge, percentile: impl FnOnce(u8) -> Option<Duration>) -> 
     Some(after.max(hedge.min_after))
 }
 
-type Sending<'c> = Pin<Box<dyn Future<Output = Result<UpstreamSession, SendError>> + Send + 'c>>;
+type Sending<'c> = Pin<Box<dyn Future<Output = Result<Upstream, SendError>> + Send + 'c>>;
 
 /// Where one attempt's I/O stands.
 enum Io<'c> {
@@ -65,7 +65,7 @@ enum Io<'c> {
 }
 
 struct Reading {
-    up: UpstreamSession,
+    up: Upstream,
     header: ResponseHeader,
     held: BytesMut,
     upstream_bytes: usize,
@@ -84,7 +84,7 @@ struct Runner<'c> {
 /// What one attempt's I/O produced.
 enum Event {
     /// The response header, or why none came (`None`: the first-content deadline passed).
-    Sent(Box<Option<Result<UpstreamSession, SendError>>>),
+    Sent(Box<Option<Result<Upstream, SendError>>>),
     /// A body read (`None`: it timed out).
     Body(Option<pingora_error::Result<Option<Bytes>>>),
 }
@@ -128,11 +128,12 @@ fn sending<'c>(
     connector: &'c Connector,
     peer: &HttpPeer,
     caller: &RequestHeader,
+    deadline: Instant,
 ) -> Option<Sending<'c>> {
     let (request, body) = driven::upstream_request(ctx, caller)?;
     let peer = peer.clone();
     Some(Box::pin(async move {
-        driven::send(connector, &peer, request, body).await
+        driven::send(connector, &peer, request, body, deadline).await
     }))
 }
 
@@ -172,7 +173,7 @@ fn on_event(
 fn on_sent(
     ctx: &mut RequestCtx,
     runner: &mut Runner<'_>,
-    sent: Option<Result<UpstreamSession, SendError>>,
+    sent: Option<Result<Upstream, SendError>>,
     rival: bool,
 ) -> Turn {
     let mut up = match sent {
@@ -348,7 +349,7 @@ pub(super) async fn until_commit<'c>(
     request: RequestHeader,
     shared: Option<&SharedAdmission>,
     hedge: Hedge,
-) -> Result<(Ahead, Option<Box<HttpPeer>>), Drive> {
+) -> Result<(Ahead, Option<Arc<HttpPeer>>), Drive> {
     let whole = driven::terms(ctx).commit_at == CommitAt::WholeBody;
     let idle = ctx.snapshot.failover.ttfb_timeout;
     let started = Instant::now();
@@ -360,17 +361,18 @@ pub(super) async fn until_commit<'c>(
             .and_then(|live| delay(&hedge, |p| health.ttfb_percentile(live.guard.target(), p)))
             .map(|d| started + d)
     };
-    let Some(first) = sending(ctx, connector, peer, &request) else {
+    let deadline = driven::first_content_deadline(ctx);
+    let Some(first) = sending(ctx, connector, peer, &request, deadline) else {
         let verdict = settle::judge_sent(ctx, Sent::Connect(Outcome::LocalError));
         return Err(driven::after(settle::apply(ctx, verdict)));
     };
     let mut a = Some(Runner {
         io: Io::Sending(first),
-        deadline: driven::first_content_deadline(ctx),
+        deadline,
     });
     let mut b: Option<Runner<'c>> = None;
     let mut lane_b = Lane::new(None);
-    let mut b_peer: Option<Box<HttpPeer>> = None;
+    let mut b_peer: Option<Arc<HttpPeer>> = None;
     loop {
         // A whole answer's first byte is its header: once it came, no hedge.
         if whole && a.as_ref().is_some_and(|r| matches!(r.io, Io::Reading(_))) {
@@ -524,7 +526,7 @@ async fn start_hedge<'c>(
     hedge: &Hedge,
     lane: &mut Lane,
     started: Instant,
-) -> Option<(Runner<'c>, Box<HttpPeer>)> {
+) -> Option<(Runner<'c>, Arc<HttpPeer>)> {
     {
         let a = ctx.admitted.as_ref()?;
         if a.attempts.made >= a.rules.max_attempts
@@ -544,7 +546,8 @@ async fn start_hedge<'c>(
     let body = ctx.admitted.as_ref().and_then(|a| a.attempts.body.clone());
     *lane = Lane::new(body);
     swap(ctx, lane);
-    let begun = begin_hedge(ctx, connector, request, shared).await;
+    let deadline = driven::first_content_deadline(ctx);
+    let begun = begin_hedge(ctx, connector, request, shared, deadline).await;
     if begun.is_some() {
         if let Some(a) = ctx.admitted.as_mut() {
             a.attempts.hedge = Some(HedgeRun {
@@ -558,7 +561,7 @@ async fn start_hedge<'c>(
     Some((
         Runner {
             io: Io::Sending(io),
-            deadline: driven::first_content_deadline(ctx),
+            deadline,
         },
         peer,
     ))
@@ -570,7 +573,8 @@ async fn begin_hedge<'c>(
     connector: &'c Connector,
     request: &RequestHeader,
     shared: Option<&SharedAdmission>,
-) -> Option<(Sending<'c>, Box<HttpPeer>)> {
+    deadline: Instant,
+) -> Option<(Sending<'c>, Arc<HttpPeer>)> {
     {
         let RequestCtx {
             snapshot, admitted, ..
@@ -590,7 +594,7 @@ async fn begin_hedge<'c>(
         let a = admitted.as_mut()?;
         attempt::begin(snapshot, a).ok()?
     };
-    match sending(ctx, connector, &peer, request) {
+    match sending(ctx, connector, &peer, request, deadline) {
         Some(io) => Some((io, peer)),
         None => {
             let verdict = settle::judge_sent(ctx, Sent::Connect(Outcome::LocalError));

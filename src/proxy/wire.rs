@@ -3,10 +3,13 @@
 //!
 //! Pingora's `write_request_header` does `write_all` + `flush` of the head and the body
 //! follows in its own write: two sends, and on loopback each carries the receiver's TCP work.
-//! Here, for an HTTP/1.1 session whose body length is known and small, the head is serialised
-//! by Pingora's own `http_req_header_to_wire` (so the bytes are exactly today's) and written
+//! Here, for an HTTP/1.1 session whose body length is known and small, the head is written
 //! with the body in one vectored write on the session's stream, which then goes back into a
-//! fresh session (`HttpSession::new_with_options`, as the connector builds it). The stream is
+//! fresh session (`HttpSession::new_with_options`, as the connector builds it, made in its box:
+//! [`session_for`]). The head's bytes are exactly those Pingora's own `http_req_header_to_wire`
+//! writes for the request's header: `attempt::HeaderPlan::head` writes them straight from the
+//! caller's fields and the gateway's, without building the header map (a property test holds
+//! the two equal), and a request it declines is serialised by Pingora's function ([`head_of`]). The stream is
 //! the connector's real TCP (or TLS) stream, so the pool, its fd-keyed reuse test and the
 //! digests are untouched.
 //!
@@ -29,6 +32,7 @@ use std::io::{ErrorKind, IoSlice};
 
 use bytes::Bytes;
 use http::header;
+use pingora_core::protocols::http::client::HttpSession as UpstreamSession;
 use pingora_core::protocols::http::v1::client::{http_req_header_to_wire, HttpSession as H1};
 use pingora_core::protocols::Stream;
 use pingora_core::upstreams::peer::HttpPeer;
@@ -38,6 +42,39 @@ use tokio::io::AsyncWriteExt;
 
 /// The largest body sent with its head in one write; a larger one goes as Pingora sends it.
 pub const COALESCE_LIMIT: usize = 64 * 1024;
+
+/// The head Pingora would write for `request` (`None` for a target it refuses).
+pub fn head_of(request: &RequestHeader) -> Result<bytes::BytesMut> {
+    http_req_header_to_wire(request).ok_or_else(|| {
+        Error::explain(
+            ErrorType::InvalidHTTPHeader,
+            "request-line contains forbidden delimiter bytes",
+        )
+    })
+}
+
+/// Pingora's request header for a head [`crate::proxy::attempt::HeaderPlan::head`] wrote,
+/// for a session that writes its own (never the driven path's HTTP/1.1 connections; kept so
+/// that any other session gets the same request).
+pub fn header_of(head: &[u8]) -> Result<Box<RequestHeader>> {
+    let bad = || Error::explain(ErrorType::InvalidHTTPHeader, "an unreadable request head");
+    let mut fields = [httparse::EMPTY_HEADER; 64];
+    let mut parsed = httparse::Request::new(&mut fields);
+    if !matches!(parsed.parse(head), Ok(httparse::Status::Complete(_))) {
+        return Err(bad());
+    }
+    let (Some(method), Some(path)) = (parsed.method, parsed.path) else {
+        return Err(bad());
+    };
+    let mut request =
+        RequestHeader::build_no_case(method, path.as_bytes(), Some(parsed.headers.len()))?;
+    for field in parsed.headers.iter() {
+        let name = http::HeaderName::from_bytes(field.name.as_bytes()).map_err(|_| bad())?;
+        let value = http::HeaderValue::from_bytes(field.value).map_err(|_| bad())?;
+        request.append_header(name, value)?;
+    }
+    Ok(Box::new(request))
+}
 
 /// Whether `request` with `body` can leave in one write with nothing a fresh session would
 /// miss: a Content-Length that is the body's, no chunking, no upgrade, not `HEAD`, and no
@@ -63,23 +100,16 @@ pub fn coalescable(request: &RequestHeader, body: &[u8]) -> bool {
     }
 }
 
-/// Write `request` and its whole `body` on `session`'s stream in one write (bounded per write
-/// by the peer's write timeout, as Pingora bounds it) and return the session to read the
-/// response from. The caller has checked [`coalescable`].
+/// Write `head` (an HTTP/1.1 request head) and its whole `body` on `stream` (a connection's,
+/// taken from its session) in one write, bounded per write by the peer's write timeout as
+/// Pingora bounds it, and give the stream back for [`session_for`].
 pub async fn send_whole(
-    session: H1,
+    mut stream: Stream,
     peer: &HttpPeer,
-    request: &RequestHeader,
+    head: &[u8],
     body: &Bytes,
-) -> Result<H1> {
-    let head = http_req_header_to_wire(request).ok_or_else(|| {
-        Error::explain(
-            ErrorType::InvalidHTTPHeader,
-            "request-line contains forbidden delimiter bytes",
-        )
-    })?;
-    let mut stream = session.into_inner();
-    let write = write_both(&mut stream, &head, body);
+) -> Result<Stream> {
+    let write = write_both(&mut stream, head, body);
     match peer.options.write_timeout {
         Some(t) => match tokio::time::timeout(t, write).await {
             Ok(r) => r,
@@ -99,10 +129,19 @@ pub async fn send_whole(
         .flush()
         .await
         .or_err(ErrorType::WriteError, "flushing request")?;
-    let mut session = H1::new_with_options(stream, peer);
-    session.read_timeout = peer.options.read_timeout;
-    session.write_timeout = peer.options.write_timeout;
-    Ok(session)
+    Ok(stream)
+}
+
+/// The session to read the response from, on the stream [`send_whole`] wrote the request to:
+/// made in its box (the session is ~470 bytes, and moves as a pointer from here), with no read
+/// timeout of Pingora's (the caller bounds the header itself).
+pub fn session_for(stream: Stream, peer: &HttpPeer) -> Box<UpstreamSession> {
+    let mut session = Box::write(
+        Box::new_uninit(),
+        UpstreamSession::H1(H1::new_with_options(stream, peer)),
+    );
+    session.set_write_timeout(peer.options.write_timeout);
+    session
 }
 
 /// `head` then `body`, one `writev` when the stream takes vectored writes (TCP does), else
@@ -136,6 +175,17 @@ async fn write_both(stream: &mut Stream, head: &[u8], body: &[u8]) -> std::io::R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_head_read_back_is_written_as_it_was() {
+        let head = b"POST /v1/chat/completions HTTP/1.1\r\nContent-Type: application/json\r\naccept: */*\r\nx-api-key: k\r\nHost: api.test\r\nContent-Length: 2\r\nx-request-id: r\r\n\r\n";
+        let header = header_of(head).expect("a head");
+        assert_eq!(&head_of(&header).expect("writable")[..], &head[..]);
+        assert!(
+            header_of(b"POST /v1 HTTP/1.1\r\nHost").is_err(),
+            "an unended head"
+        );
+    }
 
     fn post(len: Option<&str>) -> RequestHeader {
         let mut r = RequestHeader::build("POST", b"/v1/chat/completions", None).expect("build");

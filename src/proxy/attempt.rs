@@ -123,9 +123,9 @@ pub fn prepare_body(
     Ok(())
 }
 
-/// Most header fields the gateway sets itself on one upstream request (its version, the
-/// provider's own, the credential, host, length, request id); a provider with more `headers`
-/// has its request built as a map only ([`HeaderPlan::head`] declines).
+/// Most header fields the gateway sets that may share a name with another (its version, the
+/// provider's own, the credential); a provider with more `headers` has its request built as a
+/// map only ([`HeaderPlan::head`] declines).
 const MAX_SET: usize = 16;
 
 /// What the live attempt's upstream request header is made of, before it is built: the
@@ -193,22 +193,18 @@ pub fn header_plan<'a>(
 }
 
 impl HeaderPlan<'_> {
-    /// The fields the gateway sets, in the order it sets them (a later one of the same name
-    /// replaces an earlier one, in its place), borrowed; `None` past [`MAX_SET`].
+    /// The fields the gateway sets that a caller's or another of its own may share a name
+    /// with, in the order it sets them (a later one of the same name replaces an earlier one,
+    /// in its place), borrowed; `None` past [`MAX_SET`]. The gateway's last three (host,
+    /// length, request id) are not among them: see [`Self::head`].
     #[allow(clippy::type_complexity)]
-    fn set_fields<'s>(
-        &'s self,
-        length: &'s HeaderValue,
-    ) -> Option<([(&'s HeaderName, &'s HeaderValue); MAX_SET], usize)> {
+    fn set_fields(&self) -> Option<([(&HeaderName, &HeaderValue); MAX_SET], usize)> {
         static NO_NAME: HeaderName = header::HOST;
         static NO_VALUE: HeaderValue = HeaderValue::from_static("");
         static VERSION: HeaderValue = HeaderValue::from_static(ANTHROPIC_VERSION);
-        static HOST: HeaderName = header::HOST;
-        static CONTENT_LENGTH: HeaderName = header::CONTENT_LENGTH;
-        static REQUEST_ID: HeaderName = respond::names::X_REQUEST_ID;
         let mut set = [(&NO_NAME, &NO_VALUE); MAX_SET];
         let mut n = 0;
-        let mut push = |name: &'s HeaderName, value: &'s HeaderValue| -> Option<()> {
+        let mut push = |name, value| -> Option<()> {
             *set.get_mut(n)? = (name, value);
             n += 1;
             Some(())
@@ -225,9 +221,6 @@ impl HeaderPlan<'_> {
         if let Some((name, value)) = self.auth {
             push(name, value)?;
         }
-        push(&HOST, self.host)?;
-        push(&CONTENT_LENGTH, length)?;
-        push(&REQUEST_ID, self.request_id)?;
         Some((set, n))
     }
 
@@ -280,9 +273,20 @@ impl HeaderPlan<'_> {
     /// common shape (more provider fields than [`MAX_SET`] allows, a target with a byte
     /// Pingora refuses): build [`Self::header`] instead.
     pub fn head(&self) -> Option<bytes::BytesMut> {
-        let length = super::headers::int_value(self.length);
-        let (set, n) = self.set_fields(&length)?;
+        let (set, n) = self.set_fields()?;
         let set = &set[..n];
+        // Host, length and request id are gateway-written: a caller's is never kept
+        // (`headers::for_provider`) and a provider's `headers` cannot name one (config
+        // validation), so they come last, once each, as the map has them. A plan that breaks
+        // that (a credential sent in one of them) is built as a map.
+        let tail = [
+            &header::HOST,
+            &header::CONTENT_LENGTH,
+            &respond::names::X_REQUEST_ID,
+        ];
+        if set.iter().any(|(name, _)| tail.contains(name)) {
+            return None;
+        }
         let path = self.uri.path_and_query()?.as_str();
         if path.bytes().any(|b| matches!(b, b' ' | b'\r' | b'\n' | 0)) {
             return None;
@@ -321,6 +325,13 @@ impl HeaderPlan<'_> {
                 wire_field(&mut buf, name, set[last].1);
             }
         }
+        wire_field(&mut buf, &header::HOST, self.host);
+        wire_field(
+            &mut buf,
+            &header::CONTENT_LENGTH,
+            &super::headers::int_value(self.length),
+        );
+        wire_field(&mut buf, &respond::names::X_REQUEST_ID, self.request_id);
         buf.extend_from_slice(b"\r\n");
         Some(buf)
     }
@@ -455,10 +466,13 @@ mod tests {
             for (name, value) in caller_fields {
                 caller.append(name, value);
             }
-            // A provider's `headers` are a map: one value per name.
+            // A provider's `headers` are a map (one value per name) that config validation
+            // keeps clear of credentials and of the fields the gateway writes.
             let mut provider_headers: Vec<(HeaderName, HeaderValue)> = Vec::new();
             for (name, value) in provider_fields {
-                if !provider_headers.iter().any(|(n, _)| *n == name) {
+                let refused = crate::config::CREDENTIAL_HEADERS.contains(&name.as_str())
+                    || crate::config::GATEWAY_WRITTEN_HEADERS.contains(&name.as_str());
+                if !refused && !provider_headers.iter().any(|(n, _)| *n == name) {
                     provider_headers.push((name, value));
                 }
             }
@@ -492,10 +506,10 @@ mod tests {
     }
 
     #[test]
-    fn a_plan_past_its_room_is_built_as_a_header() {
+    fn a_plan_past_its_room_or_naming_a_gateway_field_is_built_as_a_header() {
         let caller = HeaderMap::new();
         let pass = HeaderGlobs(Vec::new());
-        let many: Vec<(HeaderName, HeaderValue)> = (0..MAX_SET)
+        let many: Vec<(HeaderName, HeaderValue)> = (0..=MAX_SET)
             .map(|i| {
                 (
                     HeaderName::from_bytes(format!("x-p{i}").as_bytes()).expect("name"),
@@ -521,6 +535,15 @@ mod tests {
             request_id: &value,
         };
         assert!(plan.head().is_none(), "more fields than MAX_SET");
+        let host = [(header::HOST, HeaderValue::from_static("h"))];
+        let plan = HeaderPlan {
+            provider_headers: &host,
+            ..plan
+        };
+        assert!(
+            plan.head().is_none(),
+            "a gateway-written field among the provider's"
+        );
         let plan = HeaderPlan {
             provider_headers: &many[..2],
             ..plan

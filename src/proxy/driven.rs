@@ -216,8 +216,14 @@ pub(super) fn first_content_deadline(ctx: &RequestCtx) -> Instant {
         .first_chunk_hold
         .filter(|_| stream)
         .unwrap_or(failover.ttfb_timeout);
-    Instant::now() + hold
+    // A duration past what `Instant` holds (a config of centuries) is a deadline that never
+    // comes, not a panic.
+    let now = Instant::now();
+    now.checked_add(hold).unwrap_or(now + FAR)
 }
+
+/// A deadline that does not come (as tokio's own far future: about thirty years).
+const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 /// One attempt: connect, send, read the header, hold it until the commit point, commit,
 /// relay. Until the commit the caller is watched: one that leaves ends the attempt at once
@@ -387,9 +393,8 @@ async fn until_commit(
     if let Step::Again | Step::Answer(_) = step {
         return Err(after(step));
     }
-    // From here reads are bounded by the hold, then by the idle timeout: not by the peer's
-    // per-read TTFB timeout.
-    upstream.set_read_timeout(None);
+    // From here reads are bounded by the hold, then by the idle timeout (`send` left the
+    // session no read timeout of Pingora's).
     let mut held = BytesMut::new();
     // A refusal (relayed, or read first under a policy that fails over on client errors).
     let refusal = !header.status.is_success();
@@ -450,8 +455,9 @@ pub(super) enum UpstreamRequest {
     /// Its HTTP/1.1 head, already the bytes Pingora would write: it leaves with the body in
     /// one write ([`attempt::HeaderPlan::head`]).
     Head(bytes::BytesMut),
-    /// Pingora's header (boxed, as Pingora writes it: it moves as a pointer on its way), for
-    /// a request Pingora writes itself (`HEAD`, a body past [`wire::COALESCE_LIMIT`]).
+    /// Pingora's header (boxed, as Pingora writes it: it moves as a pointer on its way): for a
+    /// request Pingora writes itself (`HEAD`, a body past [`wire::COALESCE_LIMIT`]), and for a
+    /// plan [`attempt::HeaderPlan::head`] declines (serialised by Pingora for the one write).
     Header(Box<pingora_http::RequestHeader>),
 }
 
@@ -469,6 +475,10 @@ pub(super) fn upstream_request(
         .and_then(|a| a.attempts.body.as_ref())
         .map(|b| b.bytes.clone())
         .unwrap_or_default();
+    // What else `wire::coalescable` asks (no `Connection`, `Transfer-Encoding` or `Upgrade`,
+    // a length that is the body's) a head from the plan always has: those fields are
+    // gateway-written, never a caller's kept one nor a provider's (config validation), and
+    // the plan writes the body's length.
     let one_write = caller.method != http::Method::HEAD && body.len() <= wire::COALESCE_LIMIT;
     let request = match one_write.then(|| plan.head()).flatten() {
         Some(head) => UpstreamRequest::Head(head),
@@ -726,15 +736,15 @@ pub(super) async fn send(
         reused,
         written: true,
     };
-    // The provider's `ttfb_timeout` bounds the header from here, as Pingora's per-read timeout
-    // would (`ReadTimedout`). It takes a timer of its own only when it ends before the
-    // caller's deadline: by default it does not (both are `ttfb_timeout`, and the deadline
-    // began before the connect), and Pingora's timer on the read cost ~1.5k instructions per
-    // request (issue 22).
+    // The provider's `ttfb_timeout` bounds the whole header from here, 1xx included (Pingora's
+    // per-read timeout bounded each read), failing it as `ReadTimedout` as Pingora's would. It
+    // takes a timer of its own only when it ends before the caller's deadline: by default it
+    // does not (both are `ttfb_timeout`, and the deadline began before the connect), and
+    // Pingora's timer on the read cost ~1.5k instructions per request (issue 22).
     let ttfb_by = peer
         .options
         .read_timeout
-        .map(|t| Instant::now() + t)
+        .and_then(|t| Instant::now().checked_add(t))
         .filter(|by| *by < deadline);
     let read = match ttfb_by {
         // On the heap: the rare bounded read does not grow every attempt's future (whose

@@ -546,8 +546,7 @@ async fn start_hedge<'c>(
     let body = ctx.admitted.as_ref().and_then(|a| a.attempts.body.clone());
     *lane = Lane::new(body);
     swap(ctx, lane);
-    let deadline = driven::first_content_deadline(ctx);
-    let begun = begin_hedge(ctx, connector, request, shared, deadline).await;
+    let begun = begin_hedge(ctx, connector, request, shared).await;
     if begun.is_some() {
         if let Some(a) = ctx.admitted.as_mut() {
             a.attempts.hedge = Some(HedgeRun {
@@ -557,7 +556,7 @@ async fn start_hedge<'c>(
         }
     }
     swap(ctx, lane);
-    let (io, peer) = begun?;
+    let (io, peer, deadline) = begun?;
     Some((
         Runner {
             io: Io::Sending(io),
@@ -573,8 +572,7 @@ async fn begin_hedge<'c>(
     connector: &'c Connector,
     request: &RequestHeader,
     shared: Option<&SharedAdmission>,
-    deadline: Instant,
-) -> Option<(Sending<'c>, Arc<HttpPeer>)> {
+) -> Option<(Sending<'c>, Arc<HttpPeer>, Instant)> {
     {
         let RequestCtx {
             snapshot, admitted, ..
@@ -594,8 +592,10 @@ async fn begin_hedge<'c>(
         let a = admitted.as_mut()?;
         attempt::begin(snapshot, a).ok()?
     };
+    // The hedge's window starts when it is sent (after its admission's round trip).
+    let deadline = driven::first_content_deadline(ctx);
     match sending(ctx, connector, &peer, request, deadline) {
-        Some(io) => Some((io, peer)),
+        Some(io) => Some((io, peer, deadline)),
         None => {
             let verdict = settle::judge_sent(ctx, Sent::Connect(Outcome::LocalError));
             if !settle::failed_beside_rival(ctx, verdict) {

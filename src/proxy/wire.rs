@@ -43,7 +43,7 @@ use tokio::io::AsyncWriteExt;
 /// The largest body sent with its head in one write; a larger one goes as Pingora sends it.
 pub const COALESCE_LIMIT: usize = 64 * 1024;
 
-/// The head Pingora would write for `request` (`None` for a target it refuses).
+/// The head Pingora would write for `request` (an error for a target it refuses).
 pub fn head_of(request: &RequestHeader) -> Result<bytes::BytesMut> {
     http_req_header_to_wire(request).ok_or_else(|| {
         Error::explain(
@@ -54,11 +54,12 @@ pub fn head_of(request: &RequestHeader) -> Result<bytes::BytesMut> {
 }
 
 /// Pingora's request header for a head [`crate::proxy::attempt::HeaderPlan::head`] wrote,
-/// for a session that writes its own (never the driven path's HTTP/1.1 connections; kept so
-/// that any other session gets the same request).
+/// for a session that writes its own (never the driven path's: its peers ask for HTTP/1.1
+/// only; kept so that any other session gets the same request). A credential's field is
+/// marked sensitive again, as the catalog made it (HTTP/2 must not index it).
 pub fn header_of(head: &[u8]) -> Result<Box<RequestHeader>> {
     let bad = || Error::explain(ErrorType::InvalidHTTPHeader, "an unreadable request head");
-    let mut fields = [httparse::EMPTY_HEADER; 64];
+    let mut fields = [httparse::EMPTY_HEADER; 256];
     let mut parsed = httparse::Request::new(&mut fields);
     if !matches!(parsed.parse(head), Ok(httparse::Status::Complete(_))) {
         return Err(bad());
@@ -70,7 +71,10 @@ pub fn header_of(head: &[u8]) -> Result<Box<RequestHeader>> {
         RequestHeader::build_no_case(method, path.as_bytes(), Some(parsed.headers.len()))?;
     for field in parsed.headers.iter() {
         let name = http::HeaderName::from_bytes(field.name.as_bytes()).map_err(|_| bad())?;
-        let value = http::HeaderValue::from_bytes(field.value).map_err(|_| bad())?;
+        let mut value = http::HeaderValue::from_bytes(field.value).map_err(|_| bad())?;
+        let credential = crate::config::CREDENTIAL_HEADERS.contains(&name.as_str())
+            || name.as_str() == "x-goog-api-key";
+        value.set_sensitive(credential);
         request.append_header(name, value)?;
     }
     Ok(Box::new(request))
@@ -181,6 +185,13 @@ mod tests {
         let head = b"POST /v1/chat/completions HTTP/1.1\r\nContent-Type: application/json\r\naccept: */*\r\nx-api-key: k\r\nHost: api.test\r\nContent-Length: 2\r\nx-request-id: r\r\n\r\n";
         let header = header_of(head).expect("a head");
         assert_eq!(&head_of(&header).expect("writable")[..], &head[..]);
+        let key = header.headers.get("x-api-key").expect("the credential");
+        assert!(
+            key.is_sensitive(),
+            "a credential read back is not indexed by HTTP/2"
+        );
+        let kind = header.headers.get(header::CONTENT_TYPE).expect("the type");
+        assert!(!kind.is_sensitive());
         assert!(
             header_of(b"POST /v1 HTTP/1.1\r\nHost").is_err(),
             "an unended head"

@@ -222,6 +222,21 @@ pub(super) fn first_content_deadline(ctx: &RequestCtx) -> Instant {
     now.checked_add(hold).unwrap_or(now + FAR)
 }
 
+/// `future` bounded by `deadline`, on Pingora's fast timer (the timer thread's 10 ms wheel)
+/// rather than tokio's. An attempt's deadline is earlier than any tokio timer the worker
+/// parked with (the edge's head deadline, for one), and registering an earlier tokio timer
+/// wakes the runtime's driver through its eventfd: a `write` syscall and a spurious
+/// `epoll_wait` return per request (issue 22). Ends `Err` when the deadline passed first.
+pub(super) fn until<F: std::future::Future>(
+    deadline: Instant,
+    future: F,
+) -> pingora_timeout::Timeout<F, pingora_timeout::fast_timeout::FastOrTokioTimeout> {
+    pingora_timeout::fast_timeout::fast_timeout(
+        deadline.saturating_duration_since(Instant::now()),
+        future,
+    )
+}
+
 /// A deadline that does not come (as tokio's own far future: about thirty years).
 const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
 
@@ -425,7 +440,10 @@ async fn call(
     peer: &HttpPeer,
     deadline: Instant,
 ) -> Result<Upstream, Drive> {
-    let sent = match timeout_at(deadline, send(connector, peer, request, body, deadline)).await {
+    // The send's state (~10 KiB) on the heap: `until` returns its timeout by value, and a
+    // future held inline would be copied out of it.
+    let sending = super::heap::on_heap(|| send(connector, peer, request, body, deadline));
+    let sent = match until(deadline, sending).await {
         Ok(Ok(up)) => return Ok(up),
         Ok(Err(SendError::Connect(e))) => return Err(after(settle::connect_failed(ctx, &e))),
         Ok(Err(SendError::Proxy {

@@ -93,7 +93,7 @@ impl Runner<'_> {
     async fn next(&mut self, whole: bool, idle: Duration) -> Event {
         match &mut self.io {
             Io::Sending(sending) => {
-                Event::Sent(Box::new(timeout_at(self.deadline, sending).await.ok()))
+                Event::Sent(Box::new(driven::until(self.deadline, sending).await.ok()))
             }
             Io::Reading(r) => {
                 let bounded_by_idle = whole || r.refusal.is_some();

@@ -270,8 +270,8 @@ impl HeaderPlan<'_> {
     /// [`Self::header`] with its version set to 1.1, byte for byte, written straight from the
     /// caller's fields and the gateway's: no map is built (its hashing and inserts were a
     /// third of the driven path's header work, issue 22). `None` when the plan is not of the
-    /// common shape (more provider fields than [`MAX_SET`] allows, a target with a byte
-    /// Pingora refuses): build [`Self::header`] instead.
+    /// common shape (more provider fields than it has room for, a gateway-written name among
+    /// them, a target with a byte Pingora refuses): build [`Self::header`] instead.
     pub fn head(&self) -> Option<bytes::BytesMut> {
         let (set, n) = self.set_fields()?;
         let set = &set[..n];

@@ -541,7 +541,7 @@ impl<const STRICT: bool> Parser<'_, STRICT> {
             let (lo, hi) = words.split_at(8);
             for (offset, word) in [(0, lo), (8, hi)] {
                 let Ok(word) = <[u8; 8]>::try_from(word) else {
-                    break;
+                    return self.string_rest(offset);
                 };
                 let flags = special_bytes(u64::from_le_bytes(word));
                 if flags != 0 {
@@ -551,17 +551,21 @@ impl<const STRICT: bool> Parser<'_, STRICT> {
                         self.i = at + 1;
                         return Ok(false);
                     }
-                    break;
+                    // An escape or a control byte: the bytes before it are plain.
+                    return self.string_rest(at - start);
                 }
             }
+            // Sixteen plain bytes: the rest goes on past them.
+            return self.string_rest(16);
         }
-        self.string_rest()
+        self.string_rest(0)
     }
 
-    /// [`Self::string`] past its inlined common case: from the opening quote at `i`.
+    /// [`Self::string`] past its inlined common case: from the opening quote at `i`, whose
+    /// first `plain` bytes are already known to be ordinary.
     #[inline(never)]
-    fn string_rest(&mut self) -> Result<bool, JsonError> {
-        self.i += 1;
+    fn string_rest(&mut self, plain: usize) -> Result<bool, JsonError> {
+        self.i += 1 + plain;
         let mut escaped = false;
         loop {
             // Fast skip over ordinary bytes.

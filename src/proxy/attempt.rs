@@ -195,31 +195,34 @@ pub fn header_plan<'a>(
 impl HeaderPlan<'_> {
     /// The fields the gateway sets that a caller's or another of its own may share a name
     /// with, in the order it sets them (a later one of the same name replaces an earlier one,
-    /// in its place), borrowed; `None` past [`MAX_SET`]. The gateway's last three (host,
-    /// length, request id) are not among them: see [`Self::head`].
+    /// in its place): its version, unless the caller's own travels (same dialect), the
+    /// provider's `headers`, the credential. The gateway's last three (host, length, request
+    /// id) are not among them: see [`Self::head`].
+    fn own_fields(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+        static VERSION: HeaderValue = HeaderValue::from_static(ANTHROPIC_VERSION);
+        let version = (self.kind == ProviderKind::Anthropic
+            && (!self.same_dialect || !self.caller.contains_key(ANTHROPIC_VERSION_HEADER)))
+        .then_some((&ANTHROPIC_VERSION_NAME, &VERSION));
+        version
+            .into_iter()
+            .chain(
+                self.provider_headers
+                    .iter()
+                    .map(|(name, value)| (name, value)),
+            )
+            .chain(self.auth)
+    }
+
+    /// [`Self::own_fields`] in an array on the stack; `None` past [`MAX_SET`].
     #[allow(clippy::type_complexity)]
     fn set_fields(&self) -> Option<([(&HeaderName, &HeaderValue); MAX_SET], usize)> {
         static NO_NAME: HeaderName = header::HOST;
         static NO_VALUE: HeaderValue = HeaderValue::from_static("");
-        static VERSION: HeaderValue = HeaderValue::from_static(ANTHROPIC_VERSION);
         let mut set = [(&NO_NAME, &NO_VALUE); MAX_SET];
         let mut n = 0;
-        let mut push = |name, value| -> Option<()> {
-            *set.get_mut(n)? = (name, value);
+        for field in self.own_fields() {
+            *set.get_mut(n)? = field;
             n += 1;
-            Some(())
-        };
-        // The version signalbox speaks, unless the caller's own travels (same dialect).
-        if self.kind == ProviderKind::Anthropic
-            && (!self.same_dialect || !self.caller.contains_key(ANTHROPIC_VERSION_HEADER))
-        {
-            push(&ANTHROPIC_VERSION_NAME, &VERSION)?;
-        }
-        for (name, value) in self.provider_headers {
-            push(name, value)?;
-        }
-        if let Some((name, value)) = self.auth {
-            push(name, value)?;
         }
         Some((set, n))
     }
@@ -241,18 +244,7 @@ impl HeaderPlan<'_> {
             self.same_dialect,
             self.pass,
         );
-        if self.kind == ProviderKind::Anthropic
-            && (!self.same_dialect || !headers.contains_key(ANTHROPIC_VERSION_HEADER))
-        {
-            headers.insert(
-                ANTHROPIC_VERSION_HEADER,
-                HeaderValue::from_static(ANTHROPIC_VERSION),
-            );
-        }
-        for (name, value) in self.provider_headers {
-            headers.insert(name.clone(), value.clone());
-        }
-        if let Some((name, value)) = self.auth {
+        for (name, value) in self.own_fields() {
             headers.insert(name.clone(), value.clone());
         }
         headers.insert(header::HOST, self.host.clone());

@@ -27,8 +27,11 @@
 //!   a full descent (callgrind, scenario a's answer). It records no member list and no
 //!   case-folded alias (those guard request bodies only).
 //!
-//! The common path allocates nothing beyond the result: strings are skipped with `memchr2`
-//! plus a SWAR control-byte check, UTF-8 is checked by a table-driven DFA (twice as fast as
+//! The common path allocates nothing beyond the result. A strict scan first makes one
+//! branch-free vector pass over the whole body: an all-ASCII body needs no further UTF-8
+//! check, and a body with no control byte anywhere (compact JSON) needs none searched for in
+//! its strings. Strings are skipped with `memchr2` (plus a control-byte check when the body
+//! has one), other UTF-8 is checked by a table-driven DFA (twice as fast as
 //! `std::str::from_utf8` on non-ASCII text), and only an escaped key is decoded (into one
 //! buffer per scan). Measured on a 1 MiB chat request (release build, one core), the strict
 //! scan runs at about 6 GB/s on English text and 1.8 GB/s on CJK text, where
@@ -126,22 +129,34 @@ impl Scan {
 /// whose decoded key is one of `wanted` (ASCII keys, at most [`MAX_WANTED`]). Every byte is
 /// validated; see the module documentation for what "accepts" covers.
 pub fn scan_object(doc: &[u8], wanted: &[&[u8]]) -> Result<Scan, JsonError> {
-    if let Some(at) = invalid_utf8(doc) {
-        return Err(JsonError::Syntax(at));
+    let (ascii, controls) = classify(doc);
+    if !ascii {
+        if let Some(at) = invalid_utf8(doc) {
+            return Err(JsonError::Syntax(at));
+        }
     }
-    scan::<true>(doc, wanted)
+    scan::<true>(doc, wanted, controls)
 }
 
 /// [`scan_object`] for upstream responses: the top level's grammar is checked, nested arrays
 /// and objects only for paired brackets and whole strings; not UTF-8, surrogate pairing or
 /// number range. [`Scan::members`] stays empty and [`Scan::alias`] unset.
 pub fn scan_object_lenient(doc: &[u8], wanted: &[&[u8]]) -> Result<Scan, JsonError> {
-    scan::<false>(doc, wanted)
+    scan::<false>(doc, wanted, true)
 }
 
-fn scan<const STRICT: bool>(doc: &[u8], wanted: &[&[u8]]) -> Result<Scan, JsonError> {
+/// `controls`: whether `doc` may hold a byte < 0x20 (else strings are not searched for one).
+fn scan<const STRICT: bool>(
+    doc: &[u8],
+    wanted: &[&[u8]],
+    controls: bool,
+) -> Result<Scan, JsonError> {
     debug_assert!(wanted.len() <= MAX_WANTED, "at most MAX_WANTED wanted keys");
-    let mut p = Parser::<STRICT> { b: doc, i: 0 };
+    let mut p = Parser::<STRICT> {
+        b: doc,
+        i: 0,
+        controls,
+    };
     p.ws();
     if p.peek() != Some(b'{') {
         return if p.i >= doc.len() {
@@ -243,6 +258,33 @@ fn scan<const STRICT: bool>(doc: &[u8], wanted: &[&[u8]]) -> Result<Scan, JsonEr
         return Err(JsonError::Syntax(p.i));
     }
     Ok(scan)
+}
+
+/// One pass over the whole document: whether every byte is ASCII (then it is valid UTF-8 with
+/// no further look), and whether any is a control byte (< 0x20; compact JSON has none, and
+/// then no string needs searching for one). Two running vector folds (OR and minimum) with no
+/// branch inside the loop: a 2 KiB request costs about 500 instructions here, where the
+/// block-by-block UTF-8 check and the per-string control search cost 1,200 together.
+#[inline]
+fn classify(s: &[u8]) -> (bool, bool) {
+    // Sixteen lanes each: the compiler keeps both folds in vector registers across blocks.
+    let mut or = [0u8; 16];
+    let mut min = [0xFFu8; 16];
+    let mut blocks = s.chunks_exact(32);
+    for block in &mut blocks {
+        let (lo, hi) = block.split_at(16);
+        for k in 0..16 {
+            or[k] |= lo[k] | hi[k];
+            min[k] = min[k].min(lo[k]).min(hi[k]);
+        }
+    }
+    let mut any = or.iter().fold(0u8, |acc, &c| acc | c);
+    let mut least = min.iter().fold(0xFFu8, |acc, &c| acc.min(c));
+    for &c in blocks.remainder() {
+        any |= c;
+        least = least.min(c);
+    }
+    (any < 0x80, least < 0x20)
 }
 
 /// Where the first invalid UTF-8 is (roughly: the start of the 256-byte block it ends), if
@@ -437,8 +479,11 @@ pub fn decode_string(lit: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
 /// `"`, `\\` or a control character (< 0x20). Prompts are mostly long strings, and this is
 /// most of the scan's cost: `memchr2` finds the next quote or backslash with the widest SIMD
 /// the CPU has (AVX2 when present), then one SWAR pass checks the span for control bytes.
+///
+/// `controls` false: the document holds no control byte at all ([`classify`]), so past the
+/// first words only `"` and `\\` are looked for.
 #[inline]
-fn find_string_special(s: &[u8]) -> Option<usize> {
+fn find_string_special(s: &[u8], controls: bool) -> Option<usize> {
     // Keys and short values end within a few words: settled a word at a time, where
     // `memchr2`'s setup would cost more than the scan.
     const SHORT: usize = 32;
@@ -462,6 +507,9 @@ fn find_string_special(s: &[u8]) -> Option<usize> {
     }
     let rest = &s[SHORT..];
     let end = memchr::memchr2(b'"', b'\\', rest);
+    if !controls {
+        return end.map(|n| n + SHORT);
+    }
     let span = &rest[..end.unwrap_or(rest.len())];
     first_control(span).or(end).map(|n| n + SHORT)
 }
@@ -504,6 +552,8 @@ fn first_control(s: &[u8]) -> Option<usize> {
 struct Parser<'a, const STRICT: bool> {
     b: &'a [u8],
     i: usize,
+    /// Whether the document may hold a control byte (see [`classify`]).
+    controls: bool,
 }
 
 impl<const STRICT: bool> Parser<'_, STRICT> {
@@ -570,7 +620,8 @@ impl<const STRICT: bool> Parser<'_, STRICT> {
         loop {
             // Fast skip over ordinary bytes.
             let rest = &self.b[self.i.min(self.b.len())..];
-            let n = find_string_special(rest).ok_or(JsonError::Syntax(self.b.len()))?;
+            let n =
+                find_string_special(rest, self.controls).ok_or(JsonError::Syntax(self.b.len()))?;
             self.i += n;
             match self.b[self.i] {
                 b'"' => {
@@ -919,6 +970,53 @@ mod tests {
     }
 
     #[test]
+    fn classify_sees_every_byte() {
+        // Every length across the 32-byte blocks, one odd byte at every position.
+        for len in 0..100 {
+            let plain = vec![b'a'; len];
+            assert_eq!(classify(&plain), (true, false), "{len}");
+            for pos in 0..len {
+                for (odd, expect) in [
+                    (0x80, (false, false)),
+                    (0xFF, (false, false)),
+                    (0x1F, (true, true)),
+                    (0x00, (true, true)),
+                    (b'\n', (true, true)),
+                    (0x20, (true, false)),
+                    (0x7F, (true, false)),
+                ] {
+                    let mut v = plain.clone();
+                    v[pos] = odd;
+                    assert_eq!(classify(&v), expect, "{len} {pos} {odd:x}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn control_bytes_are_refused_in_strings_wherever_the_document_has_them() {
+        let long = "x".repeat(80);
+        for doc in [
+            // Only in a string, past the first words (where the control search is skippable).
+            format!("{{\"a\":\"{long}\u{1}{long}\"}}"),
+            format!("{{\"a\":\"{long}\n\"}}"),
+            // In a string, with whitespace elsewhere too.
+            format!("{{\n\"a\":\"{long}\t{long}\"}}"),
+            // In a short string.
+            "{\"a\":\"\u{1f}\"}".to_string(),
+        ] {
+            assert!(!valid(doc.as_bytes()), "{doc:?}");
+        }
+        for doc in [
+            format!("{{\"a\":\"{long}\"}}"),
+            format!("{{\n\t\"a\" :\r\n \"{long}\"\n}}"),
+            format!("{{\"a\":\"{long}\\n{long}\", \"b\": [1,\n2]}}"),
+        ] {
+            assert!(valid(doc.as_bytes()), "{doc:?}");
+        }
+    }
+
+    #[test]
     fn utf8_check_is_std_s() {
         let std_ok = |s: &[u8]| std::str::from_utf8(s).is_ok();
         // Every sequence of up to two bytes, and three- and four-byte ones around every
@@ -1102,7 +1200,11 @@ mod tests {
             0x80, 0xff,
         ]);
         for c in &cases {
-            assert_eq!(find_string_special(c), scalar(c), "{c:?}");
+            assert_eq!(find_string_special(c, true), scalar(c), "{c:?}");
+            // Told the document has no control byte: only a quote or a backslash ends it.
+            if !c.iter().any(|&b| b < 0x20) {
+                assert_eq!(find_string_special(c, false), scalar(c), "{c:?}");
+            }
         }
         // Every pair of bytes, at every offset of a word and across a word's edge, in plain
         // and in high-byte filler: the word-at-a-time flags never miss and never point early.
@@ -1113,7 +1215,7 @@ mod tests {
                         let mut v = vec![filler; 48];
                         v[pos] = a;
                         v[pos + 1] = b;
-                        assert_eq!(find_string_special(&v), scalar(&v), "{v:?}");
+                        assert_eq!(find_string_special(&v, true), scalar(&v), "{v:?}");
                     }
                 }
             }

@@ -29,9 +29,10 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType};
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
-use tokio::time::{timeout, timeout_at, Instant};
+use tokio::time::{timeout_at, Instant};
 
 use super::admission::{self, Admission};
+use super::bounded::{within, within_at};
 use super::ctx::{Broke, RequestCtx};
 use super::settle::{self, Step};
 use super::{attempt, planning, respond, response, wire};
@@ -514,7 +515,7 @@ pub(super) fn upstream_request(
 async fn read_refusal(ctx: &mut RequestCtx, upstream: &mut UpstreamSession, held: &mut BytesMut) {
     let idle = ctx.snapshot.failover.ttfb_timeout;
     loop {
-        let mut chunk = match timeout(idle, upstream.read_response_body()).await {
+        let mut chunk = match within(idle, upstream.read_response_body()).await {
             Ok(Ok(c)) => c,
             _ => None,
         };
@@ -543,9 +544,9 @@ async fn read_to_commit(
     let mut upstream_bytes = 0usize;
     loop {
         let read = if whole {
-            timeout(idle, upstream.read_response_body()).await
+            within(idle, upstream.read_response_body()).await
         } else {
-            timeout_at(deadline, upstream.read_response_body()).await
+            within_at(deadline, upstream.read_response_body()).await
         };
         let (mut chunk, end) = match read {
             Err(_) if whole => (None, BodyEnd::Broken(Outcome::Timeout)),
@@ -641,7 +642,7 @@ async fn relay(
         ctx.snapshot.failover.ttfb_timeout
     };
     loop {
-        let mut chunk = match timeout(idle, upstream.read_response_body()).await {
+        let mut chunk = match within(idle, upstream.read_response_body()).await {
             Err(_) => {
                 ctx.downstream.break_with(Broke::Stalled);
                 let verdict = response::judge_body(ctx, BodyEnd::Broken(Outcome::Timeout));

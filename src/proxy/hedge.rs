@@ -29,7 +29,9 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType};
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::Session;
-use tokio::time::{sleep_until, timeout, timeout_at, Instant};
+use tokio::time::{sleep_until, Instant};
+
+use super::bounded::{within, within_at};
 
 use super::ctx::{HedgeRun, Lane, RequestCtx};
 use super::driven::{self, Ahead, Drive, SendError, Upstream};
@@ -99,9 +101,9 @@ impl Runner<'_> {
                 let bounded_by_idle = whole || r.refusal.is_some();
                 let read = r.up.read_response_body();
                 let out = if bounded_by_idle {
-                    timeout(idle, read).await
+                    within(idle, read).await
                 } else {
-                    timeout_at(self.deadline, read).await
+                    within_at(self.deadline, read).await
                 };
                 Event::Body(out.ok())
             }

@@ -283,7 +283,7 @@ async fn read_request(
     }
     // The whole body within `limits.body_timeout` (Pingora's own timeout is per read).
     let timeout = snapshot.limits.body_timeout;
-    let read = tokio::time::timeout(timeout, body::read_whole_body(session, framing, limit));
+    let read = super::bounded::within(timeout, body::read_whole_body(session, framing, limit));
     let body = match read.await {
         Ok(Ok(b)) => b,
         Ok(Err(BodyError::TooLarge)) => return Ok(Err(too_large(session))),

@@ -39,6 +39,7 @@ pub mod access;
 pub mod admission;
 pub mod attempt;
 pub mod body;
+pub mod bounded;
 pub mod ctx;
 pub mod driven;
 pub mod emit;

@@ -115,7 +115,7 @@ pub async fn send_whole(
 ) -> Result<Stream> {
     let write = write_both(&mut stream, head, body);
     match peer.options.write_timeout {
-        Some(t) => match tokio::time::timeout(t, write).await {
+        Some(t) => match super::bounded::within(t, write).await {
             Ok(r) => r,
             Err(_) => Err(std::io::Error::from(ErrorKind::TimedOut)),
         },

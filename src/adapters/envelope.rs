@@ -83,16 +83,18 @@ pub(super) struct Envelope {
 }
 
 impl Envelope {
-    /// Scan `body` for `keys` ([`COMMON_KEYS`] first, then the dialect's own) and read the
-    /// model. Refused: a body serde_json would not read as an object, a wanted key twice or
-    /// under another letter case (the provider may read the last duplicate while we read the
-    /// first, or match keys regardless of case), a missing or non-string `model`.
+    /// Scan `body` for `keys` ([`COMMON_KEYS`] first, then the dialect's own) into `scan` (a
+    /// fresh one the dialect reads its own members from) and read the model. Refused: a body
+    /// serde_json would not read as an object, a wanted key twice or under another letter
+    /// case (the provider may read the last duplicate while we read the first, or match keys
+    /// regardless of case), a missing or non-string `model`.
     pub(super) fn scan(
         body: Bytes,
         keys: &'static [&'static [u8]],
-    ) -> Result<(Self, Scan), RequestBodyError> {
+        scan: &mut Scan,
+    ) -> Result<Self, RequestBodyError> {
         debug_assert!(keys.starts_with(&COMMON_KEYS));
-        let scan = json::scan_object(&body, keys).map_err(|e| match e {
+        json::scan_object_into(&body, keys, scan).map_err(|e| match e {
             JsonError::Syntax(_) => RequestBodyError::NotJson,
             JsonError::TooDeep => RequestBodyError::TooDeep,
             JsonError::NotAnObject => RequestBodyError::NotAnObject,
@@ -122,7 +124,7 @@ impl Envelope {
             vision: std::sync::OnceLock::new(),
             exact: Default::default(),
         };
-        Ok((envelope, scan))
+        Ok(envelope)
     }
 
     /// The `routing` member, validated (`null` is no override), marked to be stripped from

@@ -129,29 +129,43 @@ impl Scan {
 /// whose decoded key is one of `wanted` (ASCII keys, at most [`MAX_WANTED`]). Every byte is
 /// validated; see the module documentation for what "accepts" covers.
 pub fn scan_object(doc: &[u8], wanted: &[&[u8]]) -> Result<Scan, JsonError> {
+    let mut scan = Scan::default();
+    scan_object_into(doc, wanted, &mut scan)?;
+    Ok(scan)
+}
+
+/// [`scan_object`] into `out`, which must be fresh (`Scan::default()`): a scan is about
+/// 550 bytes, and the request path keeps it where its caller made it instead of copying it
+/// out through each return.
+pub fn scan_object_into(doc: &[u8], wanted: &[&[u8]], out: &mut Scan) -> Result<(), JsonError> {
     let (ascii, controls) = classify(doc);
     if !ascii {
         if let Some(at) = invalid_utf8(doc) {
             return Err(JsonError::Syntax(at));
         }
     }
-    scan::<true>(doc, wanted, controls)
+    scan::<true>(doc, wanted, controls, out)
 }
 
 /// [`scan_object`] for upstream responses: the top level's grammar is checked, nested arrays
 /// and objects only for paired brackets and whole strings; not UTF-8, surrogate pairing or
 /// number range. [`Scan::members`] stays empty and [`Scan::alias`] unset.
 pub fn scan_object_lenient(doc: &[u8], wanted: &[&[u8]]) -> Result<Scan, JsonError> {
-    scan::<false>(doc, wanted, true)
+    let mut found = Scan::default();
+    scan::<false>(doc, wanted, true, &mut found)?;
+    Ok(found)
 }
 
-/// `controls`: whether `doc` may hold a byte < 0x20 (else strings are not searched for one).
+/// Scan into `scan` (fresh). `controls`: whether `doc` may hold a byte < 0x20 (else strings
+/// are not searched for one).
 fn scan<const STRICT: bool>(
     doc: &[u8],
     wanted: &[&[u8]],
     controls: bool,
-) -> Result<Scan, JsonError> {
+    scan: &mut Scan,
+) -> Result<(), JsonError> {
     debug_assert!(wanted.len() <= MAX_WANTED, "at most MAX_WANTED wanted keys");
+    debug_assert!(*scan == Scan::default(), "a fresh scan");
     let mut p = Parser::<STRICT> {
         b: doc,
         i: 0,
@@ -169,15 +183,10 @@ fn scan<const STRICT: bool>(
     // Sized up front: chat requests and responses have a handful of top-level members, and
     // growing from empty would reallocate twice per scan.
     // A lenient scan records no member list (only request bodies have a member removed).
-    let mut scan = Scan {
-        object_start: p.i,
-        members: if STRICT {
-            Vec::with_capacity(8)
-        } else {
-            Vec::new()
-        },
-        ..Scan::default()
-    };
+    scan.object_start = p.i;
+    if STRICT {
+        scan.members.reserve_exact(8);
+    }
     // Decoded escaped keys; allocated only if the document has one.
     let mut key_buf = Vec::new();
     p.ws();
@@ -257,7 +266,7 @@ fn scan<const STRICT: bool>(
     if p.i != doc.len() {
         return Err(JsonError::Syntax(p.i));
     }
-    Ok(scan)
+    Ok(())
 }
 
 /// One pass over the whole document: whether every byte is ASCII (then it is valid UTF-8 with

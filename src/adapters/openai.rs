@@ -15,7 +15,7 @@ use std::ops::Range;
 use super::envelope::{non_empty_array, type_is, Envelope, RequestBodyError, COMMON_KEYS};
 use super::estimate::Estimate;
 use super::facts::{Complexity, Needs, RoutingOverride};
-use super::json;
+use super::json::{self, Scan};
 use super::tokenizer::Encoding;
 use crate::error::error_json;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -66,7 +66,8 @@ impl ChatRequest {
     pub fn parse(body: Bytes) -> Result<Self, RequestBodyError> {
         // The strict scan accepts only what serde_json accepts and matches keys after decoding
         // their escapes, so `model`, `stream` and `routing` are what the provider will read.
-        let (mut envelope, scan) = Envelope::scan(body, REQUEST_KEYS)?;
+        let mut scan = Scan::default();
+        let mut envelope = Envelope::scan(body, REQUEST_KEYS, &mut scan)?;
         let stream = envelope.stream(&scan, WANT_STREAM)?;
         let routing = envelope.routing(&scan)?;
         let value = |w: usize| envelope.value(&scan, w);
@@ -356,9 +357,19 @@ impl ResponseRewriter {
                 buf,
                 fixed_len,
             } => {
+                // A length-framed body read whole in its first chunk is complete whether or not
+                // its end was signalled with it (the provider's `Content-Length` bounds what
+                // can follow): rewritten at once, not copied into the buffer to wait for it.
+                let upstream_len =
+                    fixed_len.map(|n| n.saturating_sub(caller_model.len().saturating_sub(2)));
+                let mut whole_early = false;
                 let whole = match body.take() {
                     // The common case: the whole body in one chunk, no copy.
                     Some(chunk) if eos && buf.is_empty() => chunk,
+                    Some(chunk) if buf.is_empty() && Some(chunk.len()) == upstream_len => {
+                        whole_early = true;
+                        chunk
+                    }
                     Some(chunk) => {
                         if buf.len() + chunk.len() > MAX_JSON_REWRITE {
                             // Too large to hold: release what we have and stop rewriting (a
@@ -391,6 +402,10 @@ impl ResponseRewriter {
                     None => return,
                 };
                 *body = Some(rewrite_json_object(&whole, caller_model, *fixed_len, stats));
+                if whole_early {
+                    // Nothing follows (at most the end, with no bytes).
+                    *self = ResponseRewriter::Passthrough;
+                }
             }
             ResponseRewriter::Sse {
                 caller_model,
@@ -1132,6 +1147,48 @@ mod tests {
         );
         // No `model` at all, or not JSON: the body is kept and padded to its announced length.
         assert_eq!(run(br#"{"id":"x"}"#, caller)["id"], "x");
+    }
+
+    #[test]
+    fn a_length_framed_body_read_whole_before_its_end_is_rewritten_at_once() {
+        let doc: &[u8] = br#"{"id":"x","model":"up-model","choices":[{"index":0}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#;
+        let caller: &[u8] = b"\"fast\"";
+        let fixed = fixed_json_length(doc.len(), caller);
+        let rewriter = || ResponseRewriter::Json {
+            caller_model: Bytes::from_static(caller),
+            buf: BytesMut::new(),
+            fixed_len: Some(fixed),
+        };
+        // The end signalled with the body: the reference.
+        let mut with_end = rewriter();
+        let mut reference_stats = StreamStats::default();
+        let mut b = Some(Bytes::from_static(doc));
+        with_end.filter(&mut b, true, &mut reference_stats);
+        let reference = b.expect("body");
+        // The body, then its end with no bytes: the same bytes, at the first call.
+        let mut rw = rewriter();
+        let mut stats = StreamStats::default();
+        let mut b = Some(Bytes::from_static(doc));
+        rw.filter(&mut b, false, &mut stats);
+        assert_eq!(b.as_ref(), Some(&reference));
+        assert_eq!(stats.usage, reference_stats.usage);
+        assert!(stats.usage.is_some());
+        let mut end = None;
+        rw.filter(&mut end, true, &mut stats);
+        assert!(
+            end.is_none_or(|b| b.is_empty()),
+            "nothing after the whole body"
+        );
+        // A first chunk shorter than the announced body still waits for the rest.
+        let mut rw = rewriter();
+        let mut stats = StreamStats::default();
+        let (head, tail) = doc.split_at(10);
+        let mut b = Some(Bytes::copy_from_slice(head));
+        rw.filter(&mut b, false, &mut stats);
+        assert!(b.is_none_or(|b| b.is_empty()));
+        let mut b = Some(Bytes::copy_from_slice(tail));
+        rw.filter(&mut b, true, &mut stats);
+        assert_eq!(b.as_ref(), Some(&reference));
     }
 
     #[test]

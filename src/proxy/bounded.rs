@@ -21,13 +21,21 @@ use tokio::time::Instant;
 pub struct TimedOut;
 
 /// `future`, bounded by `limit` from the first time it waits (see the module doc).
-pub async fn within<F: Future>(limit: Duration, future: F) -> Result<F::Output, TimedOut> {
-    bounded(future, || tokio::time::sleep(limit)).await
+// Plain functions returning the bounding future: an `async fn` wrapper would move `future`
+// once more, into its own state.
+pub fn within<F: Future>(
+    limit: Duration,
+    future: F,
+) -> impl Future<Output = Result<F::Output, TimedOut>> {
+    bounded(future, move || tokio::time::sleep(limit))
 }
 
 /// `future`, bounded by `deadline` (its timer made only if it waits).
-pub async fn within_at<F: Future>(deadline: Instant, future: F) -> Result<F::Output, TimedOut> {
-    bounded(future, || tokio::time::sleep_until(deadline)).await
+pub fn within_at<F: Future>(
+    deadline: Instant,
+    future: F,
+) -> impl Future<Output = Result<F::Output, TimedOut>> {
+    bounded(future, move || tokio::time::sleep_until(deadline))
 }
 
 async fn bounded<F: Future>(

@@ -208,19 +208,27 @@ pub(super) fn terms(ctx: &RequestCtx) -> verdicts::Terms {
 /// TTFB timeout (a whole answer). The request's deadline does not cut it short: it only stops
 /// new attempts after the first retry.
 pub(super) fn first_content_deadline(ctx: &RequestCtx) -> Instant {
+    deadline_after(first_content_window(ctx))
+}
+
+/// How long the live attempt has to show its first content (see [`first_content_deadline`]).
+pub(super) fn first_content_window(ctx: &RequestCtx) -> Duration {
     let failover = &ctx.snapshot.failover;
     let stream = ctx
         .admitted
         .as_ref()
         .is_some_and(|a| CallerRequest::stream(&a.request));
-    let hold = failover
+    failover
         .first_chunk_hold
         .filter(|_| stream)
-        .unwrap_or(failover.ttfb_timeout);
-    // A duration past what `Instant` holds (a config of centuries) is a deadline that never
-    // comes, not a panic.
+        .unwrap_or(failover.ttfb_timeout)
+}
+
+/// `window` from now. A duration past what `Instant` holds (a config of centuries) is a
+/// deadline that never comes, not a panic.
+fn deadline_after(window: Duration) -> Instant {
     let now = Instant::now();
-    now.checked_add(hold).unwrap_or(now + FAR)
+    now.checked_add(window).unwrap_or(now + FAR)
 }
 
 /// `future` bounded by `deadline`, on Pingora's fast timer (the timer thread's 10 ms wheel)
@@ -393,8 +401,9 @@ async fn until_commit(
     request: UpstreamRequest,
     body: Bytes,
 ) -> Result<Ahead, Drive> {
-    let deadline = first_content_deadline(ctx);
-    let mut upstream = call(request, body, ctx, connector, peer, deadline).await?;
+    let window = first_content_window(ctx);
+    let deadline = deadline_after(window);
+    let mut upstream = call(request, body, ctx, connector, peer, (deadline, window)).await?;
     let Some(header) = upstream.response_header() else {
         let sent = Sent::NoHeader {
             outcome: Outcome::Reset,
@@ -432,19 +441,24 @@ async fn until_commit(
 }
 
 /// Connect (or take a pooled connection), send the request, read the response header, all
-/// within the first-content deadline; a failure on the way is judged and applied.
+/// within the first-content deadline (`first`: the deadline and the window it was just set
+/// with); a failure on the way is judged and applied.
 async fn call(
     request: UpstreamRequest,
     body: Bytes,
     ctx: &mut RequestCtx,
     connector: &Connector,
     peer: &HttpPeer,
-    deadline: Instant,
+    first: (Instant, Duration),
 ) -> Result<Upstream, Drive> {
-    // The send's state (~10 KiB) on the heap: `until` returns its timeout by value, and a
-    // future held inline would be copied out of it.
-    let sending = super::heap::on_heap(|| send(connector, peer, request, body, deadline));
-    let sent = match until(deadline, sending).await {
+    let (deadline, window) = first;
+    // The send's state (~10 KiB) on the heap: the timeout returns it by value, and a future
+    // held inline would be copied out of it.
+    let sending = super::heap::on_heap(|| send(connector, peer, request, body, deadline, window));
+    // The window was set a moment ago: it is what remains (no clock read to learn it). On
+    // Pingora's fast timer, as [`until`] explains; no longer than the deadline's own cap.
+    let bounded = pingora_timeout::fast_timeout::fast_timeout(window.min(FAR), sending);
+    let sent = match bounded.await {
         Ok(Ok(up)) => return Ok(up),
         Ok(Err(SendError::Connect(e))) => return Err(after(settle::connect_failed(ctx, &e))),
         Ok(Err(SendError::Proxy {
@@ -697,13 +711,15 @@ pub(super) enum SendError {
 }
 
 /// Connect (or reuse a pooled connection), send the request, read the response header.
-/// `deadline` is the caller's bound on all of it (the caller enforces it, with its own timer).
+/// `deadline` is the caller's bound on all of it (the caller enforces it, with its own timer),
+/// set with `window` no later than now.
 pub(super) async fn send(
     connector: &Connector,
     peer: &HttpPeer,
     request: UpstreamRequest,
     body: Bytes,
     deadline: Instant,
+    window: Duration,
 ) -> Result<Upstream, SendError> {
     let (up, reused) = connector
         .get_http_session(peer)
@@ -760,9 +776,12 @@ pub(super) async fn send(
     // takes a timer of its own only when it ends before the caller's deadline: by default it
     // does not (both are `ttfb_timeout`, and the deadline began before the connect), and
     // Pingora's timer on the read cost ~1.5k instructions per request (issue 22).
+    // A timeout no shorter than the window cannot end first (the deadline is at most the
+    // window away): settled without reading the clock.
     let ttfb_by = peer
         .options
         .read_timeout
+        .filter(|t| *t < window)
         .and_then(|t| Instant::now().checked_add(t))
         .filter(|by| *by < deadline);
     let read = match ttfb_by {

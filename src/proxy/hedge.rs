@@ -134,8 +134,10 @@ fn sending<'c>(
 ) -> Option<Sending<'c>> {
     let (request, body) = driven::upstream_request(ctx, caller)?;
     let peer = peer.clone();
+    // The deadline was set with this window, no later than now.
+    let window = driven::first_content_window(ctx);
     Some(Box::pin(async move {
-        driven::send(connector, &peer, request, body, deadline).await
+        driven::send(connector, &peer, request, body, deadline, window).await
     }))
 }
 

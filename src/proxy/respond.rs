@@ -2,7 +2,7 @@
 //! Anthropic's for `/v1/messages` callers), `GET /v1/models` in the caller's dialect, and the
 //! routing headers every proxied response carries.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::HeaderValue;
@@ -274,10 +274,11 @@ pub fn add_routing_headers(resp: &mut ResponseHeader, ctx: &RequestCtx, now: Ins
             names::X_LLM_FALLBACK,
             HeaderValue::from_static(if fallback { "true" } else { "false" }),
         );
-        if let Some(timing) = server_timing(ctx, now) {
+        let (timing, total) = server_timing(ctx, now);
+        if let Some(timing) = timing {
             headers.insert(names::SERVER_TIMING, timing);
         }
-        let total_ms = now.saturating_duration_since(ctx.started).as_millis();
+        let total_ms = total.as_millis();
         headers.insert(
             names::X_LLM_RESPONSE_DURATION_MS,
             super::headers::int_value(total_ms),
@@ -323,7 +324,7 @@ impl<const N: usize> ValueBuf<N> {
     }
 
     /// Append a duration in milliseconds rounded to a tenth (`12.3`).
-    fn push_tenths_ms(&mut self, d: std::time::Duration) {
+    fn push_tenths_ms(&mut self, d: Duration) {
         let tenths = u64::try_from((d.as_micros() + 50) / 100).unwrap_or(u64::MAX);
         self.push_int(tenths / 10);
         self.push(&[b'.', b'0' + (tenths % 10) as u8]);
@@ -445,23 +446,26 @@ fn routing_reason(
 
 /// `gateway;dur=…, upstream;dur=…, total;dur=…` in milliseconds to a tenth (integer
 /// arithmetic: float formatting costs more than the rest of the header).
-fn server_timing(ctx: &RequestCtx, now: Instant) -> Option<HeaderValue> {
-    server_timing_value(
+/// `server-timing`'s value, and the request's whole duration so far.
+fn server_timing(ctx: &RequestCtx, now: Instant) -> (Option<HeaderValue>, Duration) {
+    let total = now.saturating_duration_since(ctx.started);
+    let value = server_timing_value(
         ctx.started,
         ctx.admitted.as_ref().and_then(|a| a.attempts.first_at),
-        now,
-    )
+        total,
+    );
+    (value, total)
 }
 
+/// `total`: from `started` to now.
 fn server_timing_value(
     started: Instant,
     first_attempt_at: Option<Instant>,
-    now: Instant,
+    total: Duration,
 ) -> Option<HeaderValue> {
-    let total = now.saturating_duration_since(started);
-    let first = first_attempt_at.unwrap_or(now);
-    let gateway = first.saturating_duration_since(started);
-    let upstream = now.saturating_duration_since(first);
+    // Before the first attempt, and from it to now (no attempt: all of it is the gateway's).
+    let gateway = first_attempt_at.map_or(total, |first| first.saturating_duration_since(started));
+    let upstream = total.saturating_sub(gateway);
     let mut out = ValueBuf::<TIMING_BYTES>::new();
     out.push(b"gateway;dur=");
     out.push_tenths_ms(gateway);
@@ -483,14 +487,14 @@ mod tests {
         let now = Instant::now();
         let started = now - Duration::from_micros(2_340);
         let first = Some(started + Duration::from_micros(100));
-        let value = server_timing_value(started, first, now).expect("visible ASCII");
+        let value = server_timing_value(started, first, now - started).expect("visible ASCII");
         assert_eq!(
             value.to_str().ok(),
             Some("gateway;dur=0.1, upstream;dur=2.2, total;dur=2.3")
         );
         // No attempt yet (an answer signalbox gave itself): all of it is gateway time.
         let started = now - Duration::from_millis(12);
-        let value = server_timing_value(started, None, now).expect("visible ASCII");
+        let value = server_timing_value(started, None, now - started).expect("visible ASCII");
         assert_eq!(
             value.to_str().ok(),
             Some("gateway;dur=12.0, upstream;dur=0.0, total;dur=12.0")
@@ -498,7 +502,7 @@ mod tests {
         // Several digits, and a tenth that rounds up into the next millisecond.
         let started = now - Duration::from_micros(1_234_960);
         let first = Some(now - Duration::from_micros(1_001));
-        let value = server_timing_value(started, first, now).expect("visible ASCII");
+        let value = server_timing_value(started, first, now - started).expect("visible ASCII");
         assert_eq!(
             value.to_str().ok(),
             Some("gateway;dur=1234.0, upstream;dur=1.0, total;dur=1235.0")

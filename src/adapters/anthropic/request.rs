@@ -84,7 +84,8 @@ struct Prompt {
 impl Prompt {
     /// Scan `body` for `keys` (a prefix of [`MESSAGES_KEYS`]) and read the common fields.
     fn read(body: Bytes, keys: &'static [&'static [u8]]) -> Result<(Self, Scan), RequestBodyError> {
-        let (envelope, scan) = Envelope::scan(body, keys)?;
+        let mut scan = Scan::default();
+        let envelope = Envelope::scan(body, keys, &mut scan)?;
         let system = scan.get(WANT_SYSTEM).map(|m| m.value.clone());
         Ok((Prompt { envelope, system }, scan))
     }

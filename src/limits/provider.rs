@@ -47,14 +47,19 @@ const ANTHROPIC: [(&str, &str); 4] = [
     ),
 ];
 
+/// Whether `headers` has any of the remaining-quota names [`exhausted_for`] reads (one pass
+/// over the names: most answers have none, and then nothing else is read, the clock included).
+pub fn carries_remaining(headers: &HeaderMap) -> bool {
+    headers.keys().any(|k| {
+        let k = k.as_str();
+        k.starts_with("x-ratelimit-remaining") || k.starts_with("anthropic-ratelimit-")
+    })
+}
+
 /// How long the credential must rest: the latest reset among its exhausted windows.
 pub fn exhausted_for(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     // Most answers carry none of these: one pass over the names first.
-    let any = headers.keys().any(|k| {
-        let k = k.as_str();
-        k.starts_with("x-ratelimit-remaining") || k.starts_with("anthropic-ratelimit-")
-    });
-    if !any {
+    if !carries_remaining(headers) {
         return None;
     }
     let exhausted = |name: &str| {

@@ -279,7 +279,6 @@ pub fn settle(ctx: &mut RequestCtx) -> u64 {
     let reserved_cost = ctx.reserved_cost.take();
     let ctx = &*ctx;
     let snapshot = &*ctx.snapshot;
-    let now = now_s(ctx);
     let served = ctx.admitted.as_ref().and_then(|a| {
         let s = a.attempts.served?;
         let usage = a.attempts.relay.signals().usage;
@@ -290,6 +289,13 @@ pub fn settle(ctx: &mut RequestCtx) -> u64 {
         ))
     });
     let (deployment, usage, hold) = served.unwrap_or_default();
+    // The wall clock is read only when something below counts by it: a tokens window, a
+    // budget or the key's reservation (most requests have none of them).
+    let counts = hold.tokens.is_some()
+        || deployment.is_some_and(|d| d.tpm.is_some())
+        || snapshot.has_budgets
+        || reservation.is_some();
+    let now = if counts { now_s(ctx) } else { 0 };
     let used = usage.map(|u| u.prompt_tokens + u.completion_tokens);
     if let Some(d) = deployment {
         match hold.tokens {

@@ -20,7 +20,7 @@ use crate::adapters::stream::InbandError;
 use crate::attempt::{self, BodyEnd, Outcome, ProviderError, Sent, Shown, Unreadable, Verdict};
 use crate::catalog::surface::Conversion;
 use crate::config::CredentialChoice;
-use crate::limits::provider::{exhausted_for, remaining};
+use crate::limits::provider::{carries_remaining, exhausted_for, remaining};
 
 /// Cap on a provider's `Retry-After` when `health.max_ejection` sets none.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(3600);
@@ -134,11 +134,15 @@ pub fn read_header(
     };
     live.header_at = Some(Instant::now());
     live.status = Some(status);
-    let wall = health.shared.clock.wall();
+    // The wall clock, read only for what needs it (rate-limit resets, `Retry-After`).
+    let wall = || health.shared.clock.wall();
     // A provider that says (in its rate-limit headers) that this credential has used up a
     // window gets it rested until the window resets: later requests take another credential
     // or candidate instead of earning the provider's 429.
-    if let Some(wait) = exhausted_for(&upstream_response.headers, wall) {
+    let exhausted = carries_remaining(&upstream_response.headers)
+        .then(|| exhausted_for(&upstream_response.headers, wall()))
+        .flatten();
+    if let Some(wait) = exhausted {
         if let Some(c) = health.credential(live.provider, live.target.credential) {
             let millis = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
             c.on_exhausted(health.shared.now_ms().saturating_add(millis));
@@ -149,7 +153,7 @@ pub fn read_header(
     if snapshot.catalog.provider(live.provider).credential_choice
         == CredentialChoice::LeastRemainingQuota
     {
-        if let Some(left) = remaining(&upstream_response.headers, wall) {
+        if let Some(left) = remaining(&upstream_response.headers, wall()) {
             if let Some(c) = health.credential(live.provider, live.target.credential) {
                 c.note_quota(&left, health.shared.now_ms());
             }
@@ -163,7 +167,7 @@ pub fn read_header(
                 .headers
                 .get(header::RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| attempt::parse_retry_after(v, wall, cap));
+                .and_then(|v| attempt::parse_retry_after(v, wall(), cap));
             if let (Outcome::RateLimited, Some(wait)) = (outcome, live.retry_after) {
                 a.attempts.failures.note_retry_after(wait.as_secs().max(1));
             }

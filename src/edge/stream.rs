@@ -144,6 +144,10 @@ pub struct EdgeStream {
     deadline: Pin<Box<Sleep>>,
     /// When the head (or, while idle, its first byte) is due.
     due: Instant,
+    /// `due` is this long from the next read that waits, and is set then: a head that comes
+    /// whole in the read that brings its first byte (most heads), like a request already
+    /// there when the connection is kept alive, costs no clock read.
+    due_in: Option<Duration>,
     /// `deadline` is set to `due`.
     armed: bool,
     deadlines: HeadDeadlines,
@@ -166,6 +170,7 @@ impl EdgeStream {
             admitted: AtomicBool::new(false),
             deadline: Box::pin(tokio::time::sleep(deadlines.header)),
             due: Instant::now() + deadlines.header,
+            due_in: None,
             armed: false,
             deadlines,
             idle: false,
@@ -180,7 +185,8 @@ impl EdgeStream {
     /// A kept-alive connection waits for its next request.
     pub fn next_request(&mut self) {
         self.admitted.store(false, Ordering::Relaxed);
-        self.due = Instant::now() + self.deadlines.idle;
+        // From when the connection first waits for it: at once, when nothing is there yet.
+        self.due_in = Some(self.deadlines.idle);
         self.armed = false;
         self.idle = true;
         self.head = HeadSeen::default();
@@ -249,7 +255,9 @@ impl AsyncRead for EdgeStream {
             if !fresh.is_empty() {
                 if this.idle {
                     this.idle = false;
-                    this.due = Instant::now() + this.deadlines.header;
+                    // The head's deadline runs from its first byte; read with it when a later
+                    // read waits (the next poll, microseconds on).
+                    this.due_in = Some(this.deadlines.header);
                     this.armed = false;
                 }
                 this.head.observe(fresh);
@@ -257,6 +265,9 @@ impl AsyncRead for EdgeStream {
             return Poll::Ready(Ok(()));
         }
         if !this.armed {
+            if let Some(within) = this.due_in.take() {
+                this.due = Instant::now() + within;
+            }
             this.deadline.as_mut().reset(this.due);
             this.armed = true;
         }

@@ -289,6 +289,9 @@ pub struct Plan {
     rpm_frees_ms: Option<u64>,
     budget_frees_s: Option<u64>,
     rng: u64,
+    /// While the first choice is decided: the last candidate [`Self::admissible_now`] judged,
+    /// and how it stood (the lead's tier and the first choice ask the same of one candidate).
+    admissible_memo: Option<(usize, Option<bool>)>,
 }
 
 impl Plan {
@@ -326,6 +329,7 @@ impl Plan {
             rpm_frees_ms: None,
             budget_frees_s: None,
             rng: splitmix64(facts.seed | 1),
+            admissible_memo: None,
         }
     }
 
@@ -931,6 +935,22 @@ impl Plan {
     /// `Some(false)` when none does but one is half-open with its probe slot free, `None`
     /// when it cannot take a request (or is not eligible).
     fn admissible_now(&mut self, env: &PlanEnv<'_>, pos: usize) -> Option<bool> {
+        if let Some((at, standing)) = self.admissible_memo {
+            if at == pos {
+                return standing;
+            }
+        }
+        let standing = self.admissible_uncached(env, pos);
+        // Kept only while the first choice is decided (in the ranked phase, before
+        // [`Self::decide_first`] sets `first`; it clears the memo on both ends): what the gate
+        // notes (the soonest frees) is the same whichever call made it.
+        if self.phase == Phase::Ranked && self.first.is_none() {
+            self.admissible_memo = Some((pos, standing));
+        }
+        standing
+    }
+
+    fn admissible_uncached(&mut self, env: &PlanEnv<'_>, pos: usize) -> Option<bool> {
         self.gate(env, pos).ok()?;
         let d = self.deployment(env.catalog, pos)?;
         let p = env.catalog.provider(d.provider);
@@ -975,14 +995,17 @@ impl Plan {
 
     /// Decide the lead and the plan's first.
     fn decide_first(&mut self, env: &PlanEnv<'_>) {
+        self.admissible_memo = None;
         self.lead = self.decide_lead(env);
-        self.first = self
+        let first = self
             .lead
             .or_else(|| (0..self.len()).find(|&p| self.eligible(env, p).is_ok()));
-        self.first_healthy = match self.first {
+        self.first_healthy = match first {
             Some(p) => self.admissible_now(env, p) == Some(true),
             None => false,
         };
+        self.first = first;
+        self.admissible_memo = None;
     }
 
     /// The per-request first choice, if the strategy or a session makes one.

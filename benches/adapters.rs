@@ -77,6 +77,7 @@ fn bench_response(c: &mut Criterion) {
                 caller_model: Bytes::from_static(b"\"fast\""),
                 buf: BytesMut::new(),
                 fixed_len: Some(json.len()),
+                whole_at: None,
             };
             let mut stats = StreamStats::default();
             let mut chunk = Some(json.clone());

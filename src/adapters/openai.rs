@@ -248,6 +248,11 @@ pub enum ResponseRewriter {
         /// The exact length the body must have (the upstream's `Content-Length` was kept,
         /// raised by [`fixed_json_length`]); `None` when the response is re-framed (chunked).
         fixed_len: Option<usize>,
+        /// The provider's `Content-Length`, when the body may be rewritten and released as
+        /// soon as that many bytes came, before its end is signalled (nothing after this
+        /// rewriter needs the end: not an Anthropic answer, whose signals are read there, nor
+        /// a priced one, whose cost is spliced there). `None`: held until the end.
+        whole_at: Option<usize>,
     },
     /// A JSON body too large to hold and rewrite, relayed as it comes; its length-framed
     /// response is padded with trailing whitespace up to `target` bytes at its end (`sent`:
@@ -356,17 +361,17 @@ impl ResponseRewriter {
                 caller_model,
                 buf,
                 fixed_len,
+                whole_at,
             } => {
-                // A length-framed body read whole in its first chunk is complete whether or not
-                // its end was signalled with it (the provider's `Content-Length` bounds what
-                // can follow): rewritten at once, not copied into the buffer to wait for it.
-                let upstream_len =
-                    fixed_len.map(|n| n.saturating_sub(caller_model.len().saturating_sub(2)));
+                // A body read whole in its first chunk is complete whether or not its end was
+                // signalled with it (the provider's `Content-Length` bounds what can follow):
+                // where nothing else waits for the end, rewritten at once, not copied into the
+                // buffer to wait for it.
                 let mut whole_early = false;
                 let whole = match body.take() {
                     // The common case: the whole body in one chunk, no copy.
                     Some(chunk) if eos && buf.is_empty() => chunk,
-                    Some(chunk) if buf.is_empty() && Some(chunk.len()) == upstream_len => {
+                    Some(chunk) if buf.is_empty() && Some(chunk.len()) == *whole_at => {
                         whole_early = true;
                         chunk
                     }
@@ -1074,6 +1079,7 @@ mod tests {
             caller_model: Bytes::from_static(b"\"fast\""),
             buf: BytesMut::new(),
             fixed_len: None,
+            whole_at: None,
         };
         let mut stats = StreamStats::default();
         let mut first = Some(Bytes::from_static(br#"{"id":"x","model":"gpt-4o-mi"#));
@@ -1104,6 +1110,7 @@ mod tests {
             caller_model: Bytes::from_static(b"\"m\""),
             buf: BytesMut::new(),
             fixed_len,
+            whole_at: None,
         };
         assert!(!ResponseRewriter::Passthrough.changes_length());
         assert!(!json(Some(10)).changes_length());
@@ -1124,6 +1131,7 @@ mod tests {
                 caller_model: Bytes::from_static(caller),
                 buf: BytesMut::new(),
                 fixed_len: Some(fixed),
+                whole_at: None,
             };
             let mut b = Some(Bytes::from_static(doc));
             rw.filter(&mut b, true, &mut StreamStats::default());
@@ -1158,6 +1166,7 @@ mod tests {
             caller_model: Bytes::from_static(caller),
             buf: BytesMut::new(),
             fixed_len: Some(fixed),
+            whole_at: Some(doc.len()),
         };
         // The end signalled with the body: the reference.
         let mut with_end = rewriter();
@@ -1201,6 +1210,7 @@ mod tests {
             caller_model: Bytes::copy_from_slice(caller),
             buf: BytesMut::new(),
             fixed_len: Some(fixed),
+            whole_at: Some(upstream_len),
         };
         let mut total = 0;
         let mut stats = StreamStats::default();

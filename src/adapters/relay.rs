@@ -183,6 +183,8 @@ impl Relay {
                     caller_model: splice,
                     buf: BytesMut::new(),
                     fixed_len,
+                    // A priced answer's cost is spliced in at its end ([`CostSplice`]).
+                    whole_at: upstream_len.filter(|_| reply.price.is_none()),
                 },
                 stats: StreamStats::default(),
             },
@@ -578,6 +580,56 @@ mod tests {
             (v["model"].as_str(), v["provider"].as_str()),
             (Some("my-model"), Some("p1"))
         );
+    }
+
+    /// A length-framed answer whose end comes after its last byte (a `Content-Length` body
+    /// read whole, then the end with no bytes) relays the same bytes and signals as one whose
+    /// end comes with it: an unpriced OpenAI answer is released at once, a priced one (its
+    /// cost spliced at the end) and an Anthropic one (its signals read at the end) wait.
+    #[test]
+    fn an_answer_read_whole_before_its_end_relays_as_one_that_ends_with_it() {
+        let chat: &'static [u8] = br#"{"id":"c","model":"gpt-4o","choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#;
+        let message: &'static [u8] = br#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-x","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":1}}"#;
+        let price = Price {
+            input_per_mtok: 2.5,
+            output_per_mtok: 10.0,
+            cached_input_per_mtok: None,
+        };
+        let cases = [
+            (Surface::ChatCompletions, None, chat),
+            (Surface::ChatCompletions, Some(price), chat),
+            (Surface::Messages, None, message),
+        ];
+        for (surface, price, body) in cases {
+            let r = Reply {
+                price,
+                ..reply(surface, Conversion::Same, Some("p1"))
+            };
+            let mut together = Relay::json(&r, Some(body.len()));
+            let reference = run(&mut together, &[body]);
+            let mut apart = Relay::json(&r, Some(body.len()));
+            let mut out = Vec::new();
+            let mut first = Some(Bytes::from_static(body));
+            apart.filter(&mut first, false);
+            let released_at_once = first.as_ref().is_some_and(|b| !b.is_empty());
+            out.extend_from_slice(first.as_deref().unwrap_or_default());
+            let mut end = None;
+            apart.filter(&mut end, true);
+            out.extend_from_slice(end.as_deref().unwrap_or_default());
+            assert_eq!(out, reference, "{surface:?} priced: {}", price.is_some());
+            assert_eq!(apart.signals(), together.signals(), "{surface:?}");
+            assert!(apart.signals().usage.is_some(), "{surface:?}");
+            assert_eq!(
+                released_at_once,
+                surface == Surface::ChatCompletions && price.is_none(),
+                "{surface:?} priced: {}",
+                price.is_some()
+            );
+            if price.is_some() {
+                let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+                assert!(v["usage"]["cost_usd"].is_number(), "{v}");
+            }
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@ use std::pin::pin;
 use std::task::Poll;
 use std::time::Duration;
 
+use tokio::task::{unconstrained, Unconstrained};
 use tokio::time::Instant;
 
 /// The limit passed before the bounded future finished.
@@ -43,13 +44,16 @@ async fn bounded<F: Future>(
     timer_for: impl Fn() -> tokio::time::Sleep,
 ) -> Result<F::Output, TimedOut> {
     let mut future = pin!(future);
-    let mut timer = pin!(None::<tokio::time::Sleep>);
+    let mut timer = pin!(None::<Unconstrained<tokio::time::Sleep>>);
     poll_fn(|cx| {
         if let Poll::Ready(out) = future.as_mut().poll(cx) {
             return Poll::Ready(Ok(out));
         }
         if timer.is_none() {
-            timer.set(Some(timer_for()));
+            // Outside the task's cooperative budget, as tokio's own timeout polls its timer
+            // when the bounded future used the budget up: a future that always does cannot
+            // keep the limit from firing.
+            timer.set(Some(unconstrained(timer_for())));
         }
         match timer.as_mut().as_pin_mut().map(|t| t.poll(cx)) {
             Some(Poll::Ready(())) => Poll::Ready(Err(TimedOut)),

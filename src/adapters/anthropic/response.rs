@@ -68,6 +68,8 @@ impl AnthropicRewriter {
                 caller_model,
                 buf: BytesMut::new(),
                 fixed_len,
+                // Its signals are read from the whole document at the end.
+                whole_at: None,
             }),
         }
     }

@@ -85,7 +85,17 @@ pub async fn read_whole_body(
     if buffering {
         session.as_mut().enable_retry_buffering();
     }
-    let mut body = BytesMut::with_capacity(expected.unwrap_or(4096));
+    // The body read so far: over HTTP/1.1 its first chunk as Pingora made it (an exact copy
+    // of its read: a body that comes in one read, most of them, is not copied again), the
+    // rest gathered only when a second comes. An HTTP/2 chunk shares the connection's receive
+    // buffer, so it is copied out at once, as every chunk was before.
+    let mut body = Gathered {
+        keep_first: !session.as_ref().is_http2(),
+        ..Gathered::default()
+    };
+    // Bytes the retry buffer took since it was enabled (what `get_retry_buffer` would hold,
+    // learned without the copy of it that call makes).
+    let mut buffered = 0usize;
     loop {
         if let (false, Some(n)) = (buffering, expected) {
             if n.saturating_sub(body.len()) <= RETRY_BUFFER {
@@ -98,19 +108,108 @@ pub async fn read_whole_body(
                 if body.len() + chunk.len() > limit {
                     return Err(BodyError::TooLarge);
                 }
-                body.put_slice(&chunk);
+                if buffering {
+                    buffered += chunk.len();
+                }
+                body.push(chunk, expected);
             }
             Ok(None) => break,
             Err(e) => return Err(BodyError::Read(e)),
         }
     }
     // A chunked body past the buffer (its tail could not be placed), or one that arrived in a
-    // single read past it (no buffer at all).
-    let own_replay = !body.is_empty()
-        && (body.len() > RETRY_BUFFER && expected.is_none()
-            || session.as_ref().get_retry_buffer().is_none());
-    Ok(Body {
-        bytes: body.freeze(),
-        own_replay,
-    })
+    // single read past it (no buffer at all): Pingora's retry buffer holds nothing to replay
+    // (`get_retry_buffer` is `None`: never enabled, truncated, or empty).
+    let no_retry_buffer = !buffering || buffered == 0 || session.retry_buffer_truncated();
+    let bytes = body.into_bytes();
+    let own_replay =
+        !bytes.is_empty() && (bytes.len() > RETRY_BUFFER && expected.is_none() || no_retry_buffer);
+    Ok(Body { bytes, own_replay })
+}
+
+/// A body's chunks as they are read: the first kept as it came, later ones appended to a
+/// buffer sized for the whole body when its length is known.
+#[derive(Default)]
+struct Gathered {
+    /// The first chunk may be kept as it came (else it is copied like the rest).
+    keep_first: bool,
+    first: Option<Bytes>,
+    rest: Option<BytesMut>,
+}
+
+impl Gathered {
+    fn len(&self) -> usize {
+        match (&self.first, &self.rest) {
+            (_, Some(all)) => all.len(),
+            (Some(first), None) => first.len(),
+            (None, None) => 0,
+        }
+    }
+
+    fn push(&mut self, chunk: Bytes, expected: Option<usize>) {
+        if let Some(all) = self.rest.as_mut() {
+            all.put_slice(&chunk);
+            return;
+        }
+        match self.first.take() {
+            None if self.keep_first => self.first = Some(chunk),
+            first => {
+                let held = first.as_ref().map_or(0, Bytes::len);
+                let size = expected.unwrap_or(4096).max(held + chunk.len());
+                let mut all = BytesMut::with_capacity(size);
+                if let Some(first) = first {
+                    all.put_slice(&first);
+                }
+                all.put_slice(&chunk);
+                self.rest = Some(all);
+            }
+        }
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match (self.first, self.rest) {
+            (_, Some(all)) => all.freeze(),
+            (Some(first), None) => first,
+            (None, None) => Bytes::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_gathers_to_its_chunks_in_order_and_one_chunk_is_not_copied() {
+        let chunks: [&'static [u8]; 3] = [b"{\"model\":", b"\"m\",\"x\":", b"1}"];
+        for keep_first in [true, false] {
+            for n in 0..=chunks.len() {
+                for expected in [None, Some(4), Some(64)] {
+                    let mut body = Gathered {
+                        keep_first,
+                        ..Gathered::default()
+                    };
+                    let mut want = Vec::new();
+                    for c in &chunks[..n] {
+                        body.push(Bytes::from_static(c), expected);
+                        want.extend_from_slice(c);
+                        assert_eq!(body.len(), want.len());
+                    }
+                    assert_eq!(&body.into_bytes()[..], &want[..], "{keep_first} {n}");
+                }
+            }
+        }
+        // One chunk, kept: the very bytes Pingora handed over.
+        let chunk = Bytes::from(b"{\"model\":\"m\"}".to_vec());
+        let mut body = Gathered {
+            keep_first: true,
+            ..Gathered::default()
+        };
+        body.push(chunk.clone(), Some(chunk.len()));
+        assert_eq!(body.into_bytes().as_ptr(), chunk.as_ptr());
+        // Not kept (HTTP/2): copied out.
+        let mut body = Gathered::default();
+        body.push(chunk.clone(), Some(chunk.len()));
+        assert_ne!(body.into_bytes().as_ptr(), chunk.as_ptr());
+    }
 }

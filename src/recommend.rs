@@ -89,7 +89,7 @@ async fn recommend(
     let framing = body::framing(session);
     let read = tokio::time::timeout(
         snapshot.limits.body_timeout,
-        body::read_whole_body(session, framing, MAX_BODY),
+        body::read_whole_body(session, framing, MAX_BODY, false),
     )
     .await;
     let raw = match read {

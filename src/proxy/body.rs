@@ -70,18 +70,23 @@ pub fn framing(session: &Session) -> Framing {
     Framing::Length(len)
 }
 
-/// Read the whole body (`limit` bytes at most), arranging Pingora's retry buffer so that the
-/// body is replayed on every attempt.
+/// Read the whole body (`limit` bytes at most). With `pingora_replays` (a request may be
+/// served by Pingora's proxy loop), Pingora's retry buffer is arranged so that it replays the
+/// body on every attempt; without, no retry buffer is kept (it would copy the body once more
+/// for nothing) and the body is marked [`Body::own_replay`].
 pub async fn read_whole_body(
     session: &mut Session,
     framing: Framing,
     limit: usize,
+    pingora_replays: bool,
 ) -> Result<Body, BodyError> {
     let (expected, mut buffering) = match framing {
         Framing::Length(n) if n > limit => return Err(BodyError::TooLarge),
         Framing::Length(n) => (Some(n), n <= RETRY_BUFFER),
         Framing::Chunked => (None, true),
     };
+    // `buffering` stays false for good: the tail technique below never switches it on.
+    buffering &= pingora_replays;
     if buffering {
         session.as_mut().enable_retry_buffering();
     }
@@ -97,7 +102,7 @@ pub async fn read_whole_body(
     // learned without the copy of it that call makes).
     let mut buffered = 0usize;
     loop {
-        if let (false, Some(n)) = (buffering, expected) {
+        if let (false, true, Some(n)) = (buffering, pingora_replays, expected) {
             if n.saturating_sub(body.len()) <= RETRY_BUFFER {
                 session.as_mut().enable_retry_buffering();
                 buffering = true;

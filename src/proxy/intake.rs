@@ -283,7 +283,13 @@ async fn read_request(
     }
     // The whole body within `limits.body_timeout` (Pingora's own timeout is per read).
     let timeout = snapshot.limits.body_timeout;
-    let read = super::bounded::within(timeout, body::read_whole_body(session, framing, limit));
+    // With the first-chunk hold on, every request is driven by signalbox (`planning`): none
+    // goes through Pingora's proxy loop, whose retry buffer would replay the body.
+    let pingora_replays = snapshot.failover.first_chunk_hold.is_none();
+    let read = super::bounded::within(
+        timeout,
+        body::read_whole_body(session, framing, limit, pingora_replays),
+    );
     let body = match read.await {
         Ok(Ok(b)) => b,
         Ok(Err(BodyError::TooLarge)) => return Ok(Err(too_large(session))),

@@ -152,8 +152,17 @@ pub fn scan_object_into(doc: &[u8], wanted: &[&[u8]], out: &mut Scan) -> Result<
 /// number range. [`Scan::members`] stays empty and [`Scan::alias`] unset.
 pub fn scan_object_lenient(doc: &[u8], wanted: &[&[u8]]) -> Result<Scan, JsonError> {
     let mut found = Scan::default();
-    scan::<false>(doc, wanted, true, &mut found)?;
+    scan_object_lenient_into(doc, wanted, &mut found)?;
     Ok(found)
+}
+
+/// [`scan_object_lenient`] into `out`, which must be fresh (see [`scan_object_into`]).
+pub fn scan_object_lenient_into(
+    doc: &[u8],
+    wanted: &[&[u8]],
+    out: &mut Scan,
+) -> Result<(), JsonError> {
+    scan::<false>(doc, wanted, true, out)
 }
 
 /// Scan into `scan` (fresh). `controls`: whether `doc` may hold a byte < 0x20 (else strings

@@ -325,7 +325,13 @@ impl<const N: usize> ValueBuf<N> {
 
     /// Append a duration in milliseconds rounded to a tenth (`12.3`).
     fn push_tenths_ms(&mut self, d: Duration) {
-        let tenths = u64::try_from((d.as_micros() + 50) / 100).unwrap_or(u64::MAX);
+        // In 64 bits (`as_micros` is a u128, and its division a library call): a duration
+        // past 584,000 years saturates.
+        let micros = d
+            .as_secs()
+            .saturating_mul(1_000_000)
+            .saturating_add(u64::from(d.subsec_micros()));
+        let tenths = micros.saturating_add(50) / 100;
         self.push_int(tenths / 10);
         self.push(&[b'.', b'0' + (tenths % 10) as u8]);
     }

@@ -363,16 +363,12 @@ impl ResponseRewriter {
                 fixed_len,
                 whole_at,
             } => {
-                // A body read whole in its first chunk is complete whether or not its end was
-                // signalled with it (the provider's `Content-Length` bounds what can follow):
-                // where nothing else waits for the end, rewritten at once, not copied into the
-                // buffer to wait for it.
-                let mut whole_early = false;
                 let whole = match body.take() {
-                    // The common case: the whole body in one chunk, no copy.
-                    Some(chunk) if eos && buf.is_empty() => chunk,
-                    Some(chunk) if buf.is_empty() && Some(chunk.len()) == *whole_at => {
-                        whole_early = true;
+                    // The common case: the whole body in one chunk, no copy. A chunk of the
+                    // provider's whole `Content-Length` is complete even before its end is
+                    // signalled: where nothing else waits for the end (`whole_at`), it is
+                    // rewritten at once, not copied into the buffer to wait for it.
+                    Some(chunk) if buf.is_empty() && (eos || Some(chunk.len()) == *whole_at) => {
                         chunk
                     }
                     Some(chunk) => {
@@ -407,8 +403,8 @@ impl ResponseRewriter {
                     None => return,
                 };
                 *body = Some(rewrite_json_object(&whole, caller_model, *fixed_len, stats));
-                if whole_early {
-                    // Nothing follows (at most the end, with no bytes).
+                if !eos {
+                    // Read whole before its end: nothing follows (at most the end, no bytes).
                     *self = ResponseRewriter::Passthrough;
                 }
             }

@@ -80,13 +80,16 @@ pub async fn read_whole_body(
     limit: usize,
     pingora_replays: bool,
 ) -> Result<Body, BodyError> {
-    let (expected, mut buffering) = match framing {
+    let (expected, from_start) = match framing {
         Framing::Length(n) if n > limit => return Err(BodyError::TooLarge),
         Framing::Length(n) => (Some(n), n <= RETRY_BUFFER),
         Framing::Chunked => (None, true),
     };
-    // `buffering` stays false for good: the tail technique below never switches it on.
-    buffering &= pingora_replays;
+    // Pingora's retry buffer: from the first read, or from the read that leaves at most its
+    // size (the tail technique, for a longer body of known length); never when nothing will
+    // ask it to replay.
+    let mut buffering = pingora_replays && from_start;
+    let tail_of = expected.filter(|_| pingora_replays);
     if buffering {
         session.as_mut().enable_retry_buffering();
     }
@@ -102,7 +105,7 @@ pub async fn read_whole_body(
     // learned without the copy of it that call makes).
     let mut buffered = 0usize;
     loop {
-        if let (false, true, Some(n)) = (buffering, pingora_replays, expected) {
+        if let (false, Some(n)) = (buffering, tail_of) {
             if n.saturating_sub(body.len()) <= RETRY_BUFFER {
                 session.as_mut().enable_retry_buffering();
                 buffering = true;

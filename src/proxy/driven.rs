@@ -236,15 +236,19 @@ fn deadline_after(window: Duration) -> Instant {
 /// parked with (the edge's head deadline, for one), and registering an earlier tokio timer
 /// wakes the runtime's driver through its eventfd: a `write` syscall and a spurious
 /// `epoll_wait` return per request (issue 22). Ends `Err` when the deadline passed first.
-pub(super) fn until<F: std::future::Future>(
-    deadline: Instant,
-    future: F,
-) -> pingora_timeout::Timeout<F, pingora_timeout::fast_timeout::FastOrTokioTimeout> {
-    pingora_timeout::fast_timeout::fast_timeout(
-        deadline.saturating_duration_since(Instant::now()),
-        future,
-    )
+pub(super) fn until<F: std::future::Future>(deadline: Instant, future: F) -> Until<F> {
+    until_in(deadline.saturating_duration_since(Instant::now()), future)
 }
+
+/// [`until`] a deadline `window` from now (no longer than [`FAR`]), given as that window: a
+/// deadline just set needs no clock read to learn what remains of it.
+fn until_in<F: std::future::Future>(window: Duration, future: F) -> Until<F> {
+    pingora_timeout::fast_timeout::fast_timeout(window.min(FAR), future)
+}
+
+/// A future bounded on Pingora's fast timer ([`until`]).
+pub(super) type Until<F> =
+    pingora_timeout::Timeout<F, pingora_timeout::fast_timeout::FastOrTokioTimeout>;
 
 /// A deadline that does not come (as tokio's own far future: about thirty years).
 const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
@@ -455,10 +459,8 @@ async fn call(
     // The send's state (~10 KiB) on the heap: the timeout returns it by value, and a future
     // held inline would be copied out of it.
     let sending = super::heap::on_heap(|| send(connector, peer, request, body, deadline, window));
-    // The window was set a moment ago: it is what remains (no clock read to learn it). On
-    // Pingora's fast timer, as [`until`] explains; no longer than the deadline's own cap.
-    let bounded = pingora_timeout::fast_timeout::fast_timeout(window.min(FAR), sending);
-    let sent = match bounded.await {
+    // The window was set a moment ago: it is what remains.
+    let sent = match until_in(window, sending).await {
         Ok(Ok(up)) => return Ok(up),
         Ok(Err(SendError::Connect(e))) => return Err(after(settle::connect_failed(ctx, &e))),
         Ok(Err(SendError::Proxy {

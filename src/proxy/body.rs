@@ -120,6 +120,12 @@ pub async fn read_whole_body(
                     buffered += chunk.len();
                 }
                 body.push(chunk, expected);
+                // A body whose end is known (its length read, or HTTP/2's end of stream)
+                // needs no further read to learn it: that read is a timeout's setup and a
+                // call for a `None` (most bodies come in one read).
+                if session.as_mut().is_body_done() {
+                    break;
+                }
             }
             Ok(None) => break,
             Err(e) => return Err(BodyError::Read(e)),

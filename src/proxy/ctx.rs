@@ -124,8 +124,8 @@ pub struct Attempts {
     /// Upstream calls made (`x-llm-attempts`).
     pub made: u32,
     pub first_at: Option<Instant>,
-    /// Every attempt that ended, in order.
-    pub log: Vec<AttemptRecord>,
+    /// Every attempt that ended, in order (most requests make one or two: no allocation).
+    pub log: AttemptLog,
     /// How they failed, for the final answer.
     pub failures: FailureLog,
     /// Same-target retries spent on the current target, and the one fresh-connection call.
@@ -200,7 +200,7 @@ impl Attempts {
         Self {
             made: 0,
             first_at: None,
-            log: Vec::new(),
+            log: AttemptLog::new(),
             failures: FailureLog::default(),
             same_target: 0,
             fresh: false,
@@ -273,6 +273,9 @@ pub struct Served {
     pub started: Instant,
     pub header_at: Option<Instant>,
 }
+
+/// The attempts a request made, the first two inline.
+pub type AttemptLog = smallvec::SmallVec<[AttemptRecord; 2]>;
 
 /// An attempt as the log and metrics see it once it ended.
 #[derive(Debug, Clone, Copy)]

@@ -27,7 +27,6 @@ use pingora_core::connectors::http::Connector;
 use pingora_core::protocols::http::client::HttpSession as UpstreamSession;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType};
-use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 use tokio::time::{timeout_at, Instant};
 
@@ -231,24 +230,17 @@ fn deadline_after(window: Duration) -> Instant {
     now.checked_add(window).unwrap_or(now + FAR)
 }
 
-/// `future` bounded by `deadline`, on Pingora's fast timer (the timer thread's 10 ms wheel)
-/// rather than tokio's. An attempt's deadline is earlier than any tokio timer the worker
-/// parked with (the edge's head deadline, for one), and registering an earlier tokio timer
-/// wakes the runtime's driver through its eventfd: a `write` syscall and a spurious
-/// `epoll_wait` return per request (issue 22). Ends `Err` when the deadline passed first.
-pub(super) fn until<F: std::future::Future>(deadline: Instant, future: F) -> Until<F> {
-    until_in(deadline.saturating_duration_since(Instant::now()), future)
+/// `future` bounded by `deadline`, on the wheel's coarse timer ([`super::wheel`]) rather than
+/// tokio's. An attempt's deadline is earlier than any tokio timer the worker parked with (the
+/// edge's head deadline, for one), and registering an earlier tokio timer wakes the runtime's
+/// driver through its eventfd: a `write` syscall and a spurious `epoll_wait` return per
+/// request (issue 22). Ends `Err` when the deadline passed first.
+pub(super) fn until<F: std::future::Future>(
+    deadline: Instant,
+    future: F,
+) -> impl std::future::Future<Output = Result<F::Output, super::wheel::Elapsed>> {
+    super::wheel::until(deadline.into_std(), future)
 }
-
-/// [`until`] a deadline `window` from now (no longer than [`FAR`]), given as that window: a
-/// deadline just set needs no clock read to learn what remains of it.
-fn until_in<F: std::future::Future>(window: Duration, future: F) -> Until<F> {
-    pingora_timeout::fast_timeout::fast_timeout(window.min(FAR), future)
-}
-
-/// A future bounded on Pingora's fast timer ([`until`]).
-pub(super) type Until<F> =
-    pingora_timeout::Timeout<F, pingora_timeout::fast_timeout::FastOrTokioTimeout>;
 
 /// A deadline that does not come (as tokio's own far future: about thirty years).
 const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
@@ -375,8 +367,8 @@ pub(super) type Upstream = Box<UpstreamSession>;
 /// An attempt read up to its commit point.
 pub(super) struct Ahead {
     pub(super) upstream: Upstream,
-    /// The caller's header, boxed as Pingora writes it.
-    pub(super) header: Box<ResponseHeader>,
+    /// The caller's header, as it will be committed.
+    pub(super) header: response::CallerHead,
     /// The body read so far (held back from the caller).
     pub(super) held: BytesMut,
     /// Whether the body has ended.
@@ -426,7 +418,7 @@ async fn until_commit(
     // session no read timeout of Pingora's).
     let mut held = BytesMut::new();
     // A refusal (relayed, or read first under a policy that fails over on client errors).
-    let refusal = !header.status.is_success();
+    let refusal = !header.status().is_success();
     let ended = if refusal {
         read_refusal(ctx, &mut upstream, &mut held).await;
         if verdict == Verdict::Pending {
@@ -438,7 +430,7 @@ async fn until_commit(
     };
     Ok(Ahead {
         upstream,
-        header: Box::new(header),
+        header,
         held,
         ended,
     })
@@ -459,8 +451,7 @@ async fn call(
     // The send's state (~10 KiB) on the heap: the timeout returns it by value, and a future
     // held inline would be copied out of it.
     let sending = super::heap::on_heap(|| send(connector, peer, request, body, deadline, window));
-    // The window was set a moment ago: it is what remains.
-    let sent = match until_in(window, sending).await {
+    let sent = match until(deadline, sending).await {
         Ok(Ok(up)) => return Ok(up),
         Ok(Err(SendError::Connect(e))) => return Err(after(settle::connect_failed(ctx, &e))),
         Ok(Err(SendError::Proxy {
@@ -608,12 +599,12 @@ async fn commit(
     ctx: &mut RequestCtx,
     runtime: &Runtime,
     upstream: &mut UpstreamSession,
-    mut header: Box<ResponseHeader>,
+    header: response::CallerHead,
     held: BytesMut,
     ended: bool,
 ) -> (Drive, Leave) {
-    let refusal = !header.status.is_success();
-    response::commit_header(ctx, &mut header);
+    let refusal = !header.status().is_success();
+    let header = header.commit(ctx);
     if !refusal {
         planning::bind_session(runtime, ctx);
     }

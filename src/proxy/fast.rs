@@ -124,10 +124,6 @@ pub fn on_header(runtime: &Runtime, ctx: &mut RequestCtx, response: &mut Respons
         return;
     }
     // Of Pingora's copy of the provider's header, only what may reach the caller.
-    let pass = &ctx.snapshot.response.pass_headers;
-    respond::edit_response_parts(response, |parts| {
-        super::headers::to_caller(&mut parts.headers, pass);
-    });
     response::commit_header(ctx, response);
     if response.status.is_success() {
         planning::bind_session(runtime, ctx);

@@ -27,7 +27,7 @@ use bytes::{Bytes, BytesMut};
 use pingora_core::connectors::http::Connector;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType};
-use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_http::RequestHeader;
 use pingora_proxy::Session;
 use tokio::time::{sleep_until, Instant};
 
@@ -68,7 +68,7 @@ enum Io<'c> {
 
 struct Reading {
     up: Upstream,
-    header: ResponseHeader,
+    header: response::CallerHead,
     held: BytesMut,
     upstream_bytes: usize,
     /// A refusal, read whole before it is judged: `true` when its header's verdict was
@@ -232,7 +232,7 @@ fn on_sent(
         Ok(_) => {}
     }
     up.set_read_timeout(None);
-    let refusal = (!header.status.is_success()).then_some(verdict == Verdict::Pending);
+    let refusal = (!header.status().is_success()).then_some(verdict == Verdict::Pending);
     runner.io = Io::Reading(Box::new(Reading {
         up,
         header,
@@ -310,7 +310,7 @@ fn ahead(runner: Runner<'_>, ended: bool) -> Option<Ahead> {
             let r = *r;
             Some(Ahead {
                 upstream: r.up,
-                header: Box::new(r.header),
+                header: r.header,
                 held: r.held,
                 ended,
             })

@@ -53,6 +53,7 @@ pub mod planning;
 pub mod respond;
 pub mod response;
 pub mod settle;
+pub mod wheel;
 pub mod wire;
 
 use std::sync::Arc;

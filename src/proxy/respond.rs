@@ -225,7 +225,14 @@ pub fn request_copy(req: &pingora_http::RequestHeader) -> pingora_http::RequestH
 /// Add the routing headers to a header that holds only what may reach the caller.
 pub fn add_routing_headers(resp: &mut ResponseHeader, ctx: &RequestCtx, now: Instant) {
     edit_response_parts(resp, |parts| {
-        let headers = &mut parts.headers;
+        add_routing_headers_to(&mut parts.headers, ctx, now)
+    });
+}
+
+/// [`add_routing_headers`] into a header's map (the driven path's caller header is still
+/// its parts at the commit: no round trip through Pingora's header).
+pub fn add_routing_headers_to(headers: &mut http::HeaderMap, ctx: &RequestCtx, now: Instant) {
+    {
         headers.insert(names::X_REQUEST_ID, ctx.request_id.clone());
         if ctx.surface.dialect() == Dialect::Anthropic {
             headers.insert(names::REQUEST_ID, ctx.request_id.clone());
@@ -283,7 +290,7 @@ pub fn add_routing_headers(resp: &mut ResponseHeader, ctx: &RequestCtx, now: Ins
             names::X_LLM_RESPONSE_DURATION_MS,
             super::headers::int_value(total_ms),
         );
-    })
+    }
 }
 
 /// A header value assembled on the stack (one allocation, when it becomes a `HeaderValue`), of
@@ -540,8 +547,7 @@ mod tests {
         let mut ctx = RequestCtx::new(std::sync::Arc::new(snapshot));
         ctx.request_id = HeaderValue::from_static("abc");
         let framing = crate::proxy::response::CallerFraming::default();
-        let mut resp = crate::proxy::response::caller_header(&ctx, framing, &upstream);
-        add_routing_headers(&mut resp, &ctx, Instant::now());
+        let resp = crate::proxy::response::caller_header(&ctx, framing, &upstream).commit(&mut ctx);
         assert_eq!(resp.status.as_u16(), 201);
         assert_eq!(
             resp.headers.get("content-type").map(|v| v.as_bytes()),

@@ -88,10 +88,10 @@ pub fn caller_header(
     ctx: &RequestCtx,
     framing: CallerFraming,
     upstream: &ResponseHeader,
-) -> ResponseHeader {
+) -> CallerHead {
     if framing.refusal {
         if let Some(fresh) = refusal_header(upstream.status.as_u16()) {
-            return fresh;
+            return CallerHead::Fresh(Box::new(fresh));
         }
     }
     let mut parts = http::Response::new(()).into_parts().0;
@@ -105,7 +105,45 @@ pub fn caller_header(
         &ctx.snapshot.response.pass_headers,
     );
     framing.apply(&mut parts.headers);
-    ResponseHeader::from(parts)
+    CallerHead::Parts(parts)
+}
+
+/// The driven path's header for the caller until its commit: the parts of one signalbox built
+/// from the provider's (the routing headers go straight into its map, and it becomes Pingora's
+/// header once, at the commit), or a refusal's header of signalbox's own.
+#[derive(Debug)]
+pub enum CallerHead {
+    Parts(http::response::Parts),
+    /// Built as Pingora's header (its names keep the case they were written in).
+    Fresh(Box<ResponseHeader>),
+}
+
+impl CallerHead {
+    pub fn status(&self) -> http::StatusCode {
+        match self {
+            Self::Parts(p) => p.status,
+            Self::Fresh(h) => h.status,
+        }
+    }
+
+    /// The header that commits the request: routing headers added, the caller's side
+    /// committed; Pingora's header to write.
+    pub fn commit(self, ctx: &mut RequestCtx) -> Box<ResponseHeader> {
+        let header = match self {
+            Self::Parts(mut parts) => {
+                respond::add_routing_headers_to(&mut parts.headers, ctx, Instant::now());
+                Box::new(ResponseHeader::from(parts))
+            }
+            Self::Fresh(mut header) => {
+                respond::add_routing_headers(&mut header, ctx, Instant::now());
+                header
+            }
+        };
+        ctx.downstream = Downstream::Committed {
+            status: header.status.as_u16(),
+        };
+        header
+    }
 }
 
 /// Room for a committed answer's headers: framing, type, and the routing headers.
@@ -255,11 +293,16 @@ fn choose_relay(ctx: &mut RequestCtx, upstream_response: &ResponseHeader) -> Cal
     }
 }
 
-/// The header that commits the request: routing headers added, the caller's side committed.
-/// The header holds only what may reach the caller ([`caller_header`], or the fast path's
-/// filter in `fast::on_header`).
+/// The fast path's header that commits the request: of Pingora's copy of the provider's
+/// header only what may reach the caller is kept, the routing headers are added (one round
+/// trip through the header's parts for both), and the caller's side is committed.
 pub fn commit_header(ctx: &mut RequestCtx, response: &mut ResponseHeader) {
-    respond::add_routing_headers(response, ctx, Instant::now());
+    let pass = &ctx.snapshot.response.pass_headers;
+    let now = Instant::now();
+    respond::edit_response_parts(response, |parts| {
+        super::headers::to_caller(&mut parts.headers, pass);
+        respond::add_routing_headers_to(&mut parts.headers, ctx, now);
+    });
     ctx.downstream = Downstream::Committed {
         status: response.status.as_u16(),
     };

@@ -398,7 +398,16 @@ async fn until_commit(
     body: Bytes,
 ) -> Result<Ahead, Drive> {
     let window = first_content_window(ctx);
-    let deadline = deadline_after(window);
+    // From the attempt's start, read a moment ago by `attempt::begin` (no clock read here).
+    let started = ctx
+        .admitted
+        .as_ref()
+        .and_then(|a| a.attempts.live.as_ref())
+        .map(|live| Instant::from_std(live.started));
+    let deadline = match started {
+        Some(started) => started.checked_add(window).unwrap_or(started + FAR),
+        None => deadline_after(window),
+    };
     let mut upstream = call(request, body, ctx, connector, peer, (deadline, window)).await?;
     let Some(header) = upstream.response_header() else {
         let sent = Sent::NoHeader {

@@ -8,13 +8,13 @@
 //! again on its teardown (issue 22). tokio's own timer is no cheaper per entry, and an entry
 //! earlier than the driver's next wake-up writes to its eventfd (a syscall per request).
 //!
-//! Here a worker thread keeps the bucket it joined last: attempts it starts in the same
-//! 10 ms with the same window share it (one `Arc` clone); a new bucket (at most one per 10 ms
-//! per thread per window) is sent to the firing thread over a channel. No lock is taken. A bucket fires no earlier
-//! than its deadline and at most one resolution (plus the thread's scheduling) after it, as
-//! Pingora's. Waiting on a bucket is a `Notify` waiter, removed when the bounded future ends
-//! (a waiter never keeps a finished request's task alive). Buckets live until they fire, one
-//! per 10 ms per window at most, as Pingora's do.
+//! Here a worker thread keeps the last few buckets it joined: attempts it starts in the same
+//! 10 ms with the same window share one (an `Arc` clone); a new bucket (about one per 10 ms
+//! per thread per window) is sent to the firing thread over a channel. No lock is taken. A bucket
+//! fires no earlier than its deadline and at most one resolution (plus the thread's scheduling)
+//! after it, as Pingora's. Waiting on a bucket is a `Notify` waiter, removed when the bounded
+//! future ends (a waiter never keeps a finished request's task alive). Buckets live until they
+//! fire, about one per 10 ms per window, as Pingora's do.
 //!
 //! [`until`] polls the bounded future first: a future that is ready at once never touches the
 //! wheel. Tests drive a wheel of their own by hand ([`Firer::fire_through`]): no sleeping.
@@ -154,24 +154,53 @@ pub fn global() -> Option<&'static Wheel> {
         .as_ref()
 }
 
+/// How many buckets a thread keeps: one per window its attempts use (a stream's first-chunk
+/// hold, a whole answer's `ttfb_timeout`, a policy's own), a few at once.
+const KEPT: usize = 4;
+
 thread_local! {
-    /// The bucket this thread joined last, with its wheel's address and tick.
-    static JOINED: RefCell<Option<(usize, u64, Arc<Bucket>)>> = const { RefCell::new(None) };
+    /// The buckets this thread joined last, the newest replacing the oldest.
+    static JOINED: RefCell<([Option<Joined>; KEPT], usize)> =
+        const { RefCell::new(([const { None }; KEPT], 0)) };
 }
 
-/// The bucket for `deadline` on `wheel`: this thread's last one when the tick is the same.
+/// A bucket a thread joined: its wheel's address, the deadlines it holds (`[from, to)`: a
+/// deadline in it needs no tick worked out), and the bucket.
+struct Joined {
+    wheel: usize,
+    from: Instant,
+    to: Instant,
+    bucket: Arc<Bucket>,
+}
+
+/// The bucket for `deadline` on `wheel`: one this thread joined, when its tick is the same.
 fn bucket_for(wheel: &Wheel, deadline: Instant) -> Arc<Bucket> {
     let id = std::ptr::from_ref(wheel) as usize;
-    let tick = wheel.tick_for(deadline);
     JOINED.with(|joined| {
-        let mut joined = joined.borrow_mut();
-        if let Some((w, t, bucket)) = joined.as_ref() {
-            if *w == id && *t == tick {
-                return bucket.clone();
-            }
+        let (kept, next) = &mut *joined.borrow_mut();
+        let held = kept
+            .iter()
+            .flatten()
+            .find(|j| j.wheel == id && j.from <= deadline && deadline < j.to);
+        if let Some(j) = held {
+            return j.bucket.clone();
         }
+        let tick = wheel.tick_for(deadline);
         let bucket = wheel.join(tick);
-        *joined = Some((id, tick, bucket.clone()));
+        // The deadlines of this tick: the span before its boundary.
+        let span = |ticks: u64| {
+            Duration::from_secs(ticks / TICKS_PER_SEC)
+                + Duration::from_nanos((ticks % TICKS_PER_SEC) * NANOS_PER_TICK)
+        };
+        // (Past what `Instant` holds, an empty span: every such deadline works its tick out.)
+        let at = |ticks: u64| wheel.zero.checked_add(span(ticks)).unwrap_or(deadline);
+        kept[*next] = Some(Joined {
+            wheel: id,
+            from: at(tick - 1),
+            to: at(tick),
+            bucket: bucket.clone(),
+        });
+        *next = (*next + 1) % KEPT;
         bucket
     })
 }
@@ -286,6 +315,14 @@ mod tests {
         let c = bucket_for(&wheel, wheel.zero + Duration::from_millis(50));
         assert!(Arc::ptr_eq(&a, &b));
         assert!(!Arc::ptr_eq(&b, &c));
+        // Two windows in turn (a stream's and a whole answer's) each keep their bucket.
+        let g = bucket_for(&wheel, wheel.zero + Duration::from_millis(43));
+        assert!(Arc::ptr_eq(&a, &g), "the 41-49 ms bucket is still kept");
+        // A tick's first instant is its own (the span is `[40 ms, 50 ms)`).
+        let e = bucket_for(&wheel, wheel.zero + Duration::from_millis(40));
+        assert!(Arc::ptr_eq(&a, &e));
+        assert_eq!(wheel.tick_for(wheel.zero + Duration::from_millis(40)), 5);
+        assert!(!Arc::ptr_eq(&e, &c));
         // Another wheel's bucket of the same tick is its own.
         let (other, _other_firer) = Wheel::new();
         let d = bucket_for(&other, other.zero + Duration::from_millis(41));

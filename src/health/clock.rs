@@ -36,13 +36,7 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
-        // In 64 bits (`as_millis` is a u128, and its division a library call); saturating
-        // past 584 million years.
-        let d = self.start.elapsed();
-        d.as_secs()
-            .saturating_mul(1_000)
-            .saturating_add(u64::from(d.subsec_millis()))
-            .saturating_add(1)
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX) + 1
     }
     fn wall(&self) -> SystemTime {
         SystemTime::now()

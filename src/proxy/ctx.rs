@@ -299,7 +299,8 @@ pub struct AttemptRecord {
 pub struct AttemptBody {
     pub upstream_model: Bytes,
     pub conversion: Conversion,
-    pub bytes: Bytes,
+    /// Its pieces (a same-dialect body: the caller's bytes around the edits, not copied).
+    pub body: crate::adapters::spliced::Spliced,
 }
 
 /// The caller's side of the request.

@@ -22,7 +22,9 @@
 
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
+
+use crate::adapters::spliced::Spliced;
 use pingora_core::connectors::http::Connector;
 use pingora_core::protocols::http::client::HttpSession as UpstreamSession;
 use pingora_core::upstreams::peer::HttpPeer;
@@ -395,7 +397,7 @@ async fn until_commit(
     connector: &Connector,
     peer: &HttpPeer,
     request: UpstreamRequest,
-    body: Bytes,
+    body: Spliced,
 ) -> Result<Ahead, Drive> {
     let window = first_content_window(ctx);
     // From the attempt's start, read a moment ago by `attempt::begin` (no clock read here).
@@ -450,7 +452,7 @@ async fn until_commit(
 /// with); a failure on the way is judged and applied.
 async fn call(
     request: UpstreamRequest,
-    body: Bytes,
+    body: Spliced,
     ctx: &mut RequestCtx,
     connector: &Connector,
     peer: &HttpPeer,
@@ -502,13 +504,13 @@ pub(super) enum UpstreamRequest {
 pub(super) fn upstream_request(
     ctx: &RequestCtx,
     caller: &pingora_http::RequestHeader,
-) -> Option<(UpstreamRequest, Bytes)> {
+) -> Option<(UpstreamRequest, Spliced)> {
     let plan = attempt::header_plan(ctx, caller).ok()?;
     let body = ctx
         .admitted
         .as_ref()
         .and_then(|a| a.attempts.body.as_ref())
-        .map(|b| b.bytes.clone())
+        .map(|b| b.body.clone())
         .unwrap_or_default();
     // What else `wire::coalescable` asks (no `Connection`, `Transfer-Encoding` or `Upgrade`,
     // a length that is the body's) a head from the plan always has: those fields are
@@ -719,7 +721,7 @@ pub(super) async fn send(
     connector: &Connector,
     peer: &HttpPeer,
     request: UpstreamRequest,
-    body: Bytes,
+    body: Spliced,
     deadline: Instant,
     window: Duration,
 ) -> Result<Upstream, SendError> {
@@ -742,7 +744,7 @@ pub(super) async fn send(
             wire::session_for(stream, peer)
         }
         (UpstreamSession::H1(h1), UpstreamRequest::Header(request))
-            if wire::coalescable(&request, &body) =>
+            if wire::coalescable(&request, body.len()) =>
         {
             let head = wire::head_of(&request).map_err(unwritten)?;
             let stream = wire::send_whole(h1.into_inner(), peer, &head, &body)
@@ -762,7 +764,10 @@ pub(super) async fn send(
             up.set_write_timeout(peer.options.write_timeout);
             up.write_request_header(request).await.map_err(unwritten)?;
             if !body.is_empty() {
-                up.write_request_body(body, true).await.map_err(unwritten)?;
+                // Pingora writes one buffer: the pieces joined.
+                up.write_request_body(body.to_bytes(), true)
+                    .await
+                    .map_err(unwritten)?;
             }
             up.finish_request_body().await.map_err(unwritten)?;
             Box::new(up)

@@ -7,8 +7,6 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
-use super::spliced::Spliced;
-
 use super::anthropic::{CountTokensRequest, MessagesRequest};
 use super::chat_messages::{
     chat_request_to_messages, messages_request_to_chat, ToChat, ToMessages, Unexpressible,
@@ -183,21 +181,20 @@ impl CallerRequest {
     }
 
     /// The body for one attempt on a deployment named `upstream_model` (and
-    /// `upstream_model_json`, its JSON literal), as `conversion` serves it: in the caller's
-    /// dialect as pieces of the caller's body (no copy of it), translated as a new one.
+    /// `upstream_model_json`, its JSON literal), as `conversion` serves it.
     pub fn body_for(
         &self,
         surface: Surface,
         conversion: Conversion,
         upstream_model: &str,
-        upstream_model_json: &Bytes,
-    ) -> Result<Spliced, Unexpressible> {
+        upstream_model_json: &[u8],
+    ) -> Result<Bytes, Unexpressible> {
         match (self, conversion) {
             (Self::OpenAi(r), Conversion::Same) => {
-                Ok(r.pieces_for_upstream(upstream_model_json, self.adds_stream_usage(surface)))
+                Ok(r.body_for_upstream(upstream_model_json, self.adds_stream_usage(surface)))
             }
-            (Self::Messages(r), Conversion::Same) => Ok(r.pieces_for(upstream_model_json)),
-            (Self::CountTokens(r), _) => Ok(r.pieces_for(upstream_model_json)),
+            (Self::Messages(r), Conversion::Same) => Ok(r.body_for(upstream_model_json)),
+            (Self::CountTokens(r), _) => Ok(r.body_for(upstream_model_json)),
             (Self::OpenAi(r), _) => {
                 // Translation reads the body without `routing` (signalbox's own member).
                 let body = r.body_for(upstream_model_json);
@@ -208,7 +205,7 @@ impl CallerRequest {
                         default_max_tokens: DEFAULT_MAX_TOKENS,
                     },
                 )
-                .map(|b| Spliced::whole(Bytes::from(b)))
+                .map(Bytes::from)
             }
             (Self::Messages(r), _) => {
                 let body = r.body_for(upstream_model_json);
@@ -219,7 +216,7 @@ impl CallerRequest {
                         stream_usage: true,
                     },
                 )
-                .map(|b| Spliced::whole(Bytes::from(b)))
+                .map(Bytes::from)
             }
         }
     }
@@ -259,10 +256,9 @@ mod tests {
                 Surface::Messages,
                 Conversion::MessagesToChat,
                 "gpt-4o",
-                &Bytes::from_static(br#""gpt-4o""#),
+                br#""gpt-4o""#,
             )
-            .expect("expressible")
-            .to_bytes();
+            .expect("expressible");
         let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
         assert_eq!(v["model"], "gpt-4o");
         assert_eq!(v["messages"][0]["content"], "hi");
@@ -283,7 +279,7 @@ mod tests {
                 Surface::ChatCompletions,
                 Conversion::ChatToMessages,
                 "claude",
-                &Bytes::from_static(br#""claude""#),
+                br#""claude""#,
             )
             .expect_err("n > 1");
         assert_eq!(err.field, "n");

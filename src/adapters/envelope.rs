@@ -13,8 +13,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use super::spliced::Spliced;
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use serde::Deserialize;
 
 use super::estimate::{self, Estimate};
@@ -254,28 +253,13 @@ impl Envelope {
     /// `routing` removed, `first_member` (a member and its comma, or nothing) inserted just
     /// after the opening brace, every other byte as received. Without an edit, the received
     /// bytes themselves (no copy).
-    pub(super) fn body_for(
-        &self,
-        upstream_model_json: &[u8],
-        first_member: &'static [u8],
-    ) -> Bytes {
-        self.pieces_for(&Bytes::copy_from_slice(upstream_model_json), first_member)
-            .to_bytes()
-    }
-
-    /// [`Self::body_for`] as its pieces: slices of the received bytes around the edits, and
-    /// the edits' own bytes (no copy of the body).
-    pub(super) fn pieces_for(
-        &self,
-        upstream_model_json: &Bytes,
-        first_member: &'static [u8],
-    ) -> Spliced {
+    pub(super) fn body_for(&self, upstream_model_json: &[u8], first_member: &[u8]) -> Bytes {
         let literal = &self.body[self.model.clone()];
-        if literal == &upstream_model_json[..]
+        if literal == upstream_model_json
             && self.routing_removal.is_none()
             && first_member.is_empty()
         {
-            return Spliced::whole(self.body.clone());
+            return self.body.clone();
         }
         // Just after the opening brace (a scanned body is an object, so there is one).
         let open = if first_member.is_empty() {
@@ -285,24 +269,26 @@ impl Envelope {
         };
         // The insertion first: a `routing` member removed from the same offset comes after it
         // (the sort keeps that order).
-        let mut edits: [(Range<usize>, Bytes); 3] = [
-            (open..open, Bytes::from_static(first_member)),
-            (self.model.clone(), upstream_model_json.clone()),
-            (self.routing_removal.clone().unwrap_or(0..0), Bytes::new()),
+        let mut edits: [(Range<usize>, &[u8]); 3] = [
+            (open..open, first_member),
+            (self.model.clone(), upstream_model_json),
+            (self.routing_removal.clone().unwrap_or(0..0), b""),
         ];
         edits.sort_by_key(|(r, _)| r.start);
-        let mut out = Spliced::default();
+        let mut out = BytesMut::with_capacity(
+            self.body.len() + upstream_model_json.len() + first_member.len(),
+        );
         let mut at = 0;
-        for (range, replacement) in edits {
+        for (range, replacement) in &edits {
             if range.is_empty() && replacement.is_empty() {
                 continue;
             }
-            out.push(self.body.slice(at..range.start));
-            out.push(replacement);
+            out.put_slice(&self.body[at..range.start]);
+            out.put_slice(replacement);
             at = range.end;
         }
-        out.push(self.body.slice(at..));
-        out
+        out.put_slice(&self.body[at..]);
+        out.freeze()
     }
 }
 

@@ -31,6 +31,5 @@ pub mod input;
 pub mod json;
 pub mod openai;
 pub mod relay;
-pub mod spliced;
 pub mod stream;
 pub mod tokenizer;

@@ -189,23 +189,10 @@ impl ChatRequest {
     /// inserted first (see [`Self::may_add_stream_usage`]), so usage is captured for every
     /// stream; the response rewriter strips the usage chunk the caller did not ask for.
     pub fn body_for_upstream(&self, upstream_model_json: &[u8], add_stream_usage: bool) -> Bytes {
-        self.pieces_for_upstream(
-            &Bytes::copy_from_slice(upstream_model_json),
-            add_stream_usage,
-        )
-        .to_bytes()
-    }
-
-    /// [`Self::body_for_upstream`] as its pieces (no copy of the body).
-    pub fn pieces_for_upstream(
-        &self,
-        upstream_model_json: &Bytes,
-        add_stream_usage: bool,
-    ) -> Spliced {
         const STREAM_USAGE: &[u8] = br#""stream_options":{"include_usage":true},"#;
         let add = add_stream_usage && self.may_add_stream_usage();
-        let first: &'static [u8] = if add { STREAM_USAGE } else { b"" };
-        self.envelope.pieces_for(upstream_model_json, first)
+        let first = if add { STREAM_USAGE } else { b"" };
+        self.envelope.body_for(upstream_model_json, first)
     }
 }
 
@@ -228,7 +215,6 @@ fn has_image_part(messages: &[u8]) -> bool {
         .any(|t| matches!(t, "image_url" | "image" | "input_image"))
 }
 
-pub use super::spliced::Spliced;
 pub use super::stream::{InbandError, Usage};
 use crate::catalog::surface::Surface;
 

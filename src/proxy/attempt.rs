@@ -107,7 +107,7 @@ pub fn prepare_body(
         b.conversion == conversion && b.upstream_model == deployment.upstream_model_json
     });
     if !reuse {
-        let body = a.request.body_for(
+        let bytes = a.request.body_for(
             surface,
             conversion,
             &deployment.upstream_model,
@@ -116,7 +116,7 @@ pub fn prepare_body(
         a.attempts.body = Some(AttemptBody {
             upstream_model: deployment.upstream_model_json.clone(),
             conversion,
-            body,
+            bytes,
         });
     }
     a.attempts.conversion = conversion;
@@ -187,7 +187,7 @@ pub fn header_plan<'a>(
         provider_headers: &provider.headers,
         auth,
         host: &provider.host_header,
-        length: a.attempts.body.as_ref().map_or(0, |b| b.body.len()),
+        length: a.attempts.body.as_ref().map_or(0, |b| b.bytes.len()),
         request_id: &ctx.request_id,
     })
 }
@@ -391,8 +391,7 @@ pub fn swap_body(ctx: &RequestCtx, body: &mut Option<Bytes>, end_of_stream: bool
         ctx.admitted
             .as_ref()
             .and_then(|a| a.attempts.body.as_ref())
-            // Pingora writes one buffer: the pieces joined (once per attempt).
-            .map(|b| b.body.to_bytes())
+            .map(|b| b.bytes.clone())
     } else {
         None
     };

@@ -299,8 +299,7 @@ pub struct AttemptRecord {
 pub struct AttemptBody {
     pub upstream_model: Bytes,
     pub conversion: Conversion,
-    /// Its pieces (a same-dialect body: the caller's bytes around the edits, not copied).
-    pub body: crate::adapters::spliced::Spliced,
+    pub bytes: Bytes,
 }
 
 /// The caller's side of the request.

@@ -22,9 +22,7 @@
 
 use std::time::Duration;
 
-use bytes::BytesMut;
-
-use crate::adapters::spliced::Spliced;
+use bytes::{Bytes, BytesMut};
 use pingora_core::connectors::http::Connector;
 use pingora_core::protocols::http::client::HttpSession as UpstreamSession;
 use pingora_core::upstreams::peer::HttpPeer;
@@ -397,7 +395,7 @@ async fn until_commit(
     connector: &Connector,
     peer: &HttpPeer,
     request: UpstreamRequest,
-    body: Spliced,
+    body: Bytes,
 ) -> Result<Ahead, Drive> {
     let window = first_content_window(ctx);
     // From the attempt's start, read a moment ago by `attempt::begin` (no clock read here).
@@ -452,7 +450,7 @@ async fn until_commit(
 /// with); a failure on the way is judged and applied.
 async fn call(
     request: UpstreamRequest,
-    body: Spliced,
+    body: Bytes,
     ctx: &mut RequestCtx,
     connector: &Connector,
     peer: &HttpPeer,
@@ -504,13 +502,13 @@ pub(super) enum UpstreamRequest {
 pub(super) fn upstream_request(
     ctx: &RequestCtx,
     caller: &pingora_http::RequestHeader,
-) -> Option<(UpstreamRequest, Spliced)> {
+) -> Option<(UpstreamRequest, Bytes)> {
     let plan = attempt::header_plan(ctx, caller).ok()?;
     let body = ctx
         .admitted
         .as_ref()
         .and_then(|a| a.attempts.body.as_ref())
-        .map(|b| b.body.clone())
+        .map(|b| b.bytes.clone())
         .unwrap_or_default();
     // What else `wire::coalescable` asks (no `Connection`, `Transfer-Encoding` or `Upgrade`,
     // a length that is the body's) a head from the plan always has: those fields are
@@ -721,7 +719,7 @@ pub(super) async fn send(
     connector: &Connector,
     peer: &HttpPeer,
     request: UpstreamRequest,
-    body: Spliced,
+    body: Bytes,
     deadline: Instant,
     window: Duration,
 ) -> Result<Upstream, SendError> {
@@ -744,7 +742,7 @@ pub(super) async fn send(
             wire::session_for(stream, peer)
         }
         (UpstreamSession::H1(h1), UpstreamRequest::Header(request))
-            if wire::coalescable(&request, body.len()) =>
+            if wire::coalescable(&request, &body) =>
         {
             let head = wire::head_of(&request).map_err(unwritten)?;
             let stream = wire::send_whole(h1.into_inner(), peer, &head, &body)
@@ -764,10 +762,7 @@ pub(super) async fn send(
             up.set_write_timeout(peer.options.write_timeout);
             up.write_request_header(request).await.map_err(unwritten)?;
             if !body.is_empty() {
-                // Pingora writes one buffer: the pieces joined.
-                up.write_request_body(body.to_bytes(), true)
-                    .await
-                    .map_err(unwritten)?;
+                up.write_request_body(body, true).await.map_err(unwritten)?;
             }
             up.finish_request_body().await.map_err(unwritten)?;
             Box::new(up)

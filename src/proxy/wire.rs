@@ -31,8 +31,6 @@
 use std::io::{ErrorKind, IoSlice};
 
 use bytes::Bytes;
-
-use crate::adapters::spliced::Spliced;
 use http::header;
 use pingora_core::protocols::http::client::HttpSession as UpstreamSession;
 use pingora_core::protocols::http::v1::client::{http_req_header_to_wire, HttpSession as H1};
@@ -85,9 +83,9 @@ pub fn header_of(head: &[u8]) -> Result<Box<RequestHeader>> {
 /// Whether `request` with `body` can leave in one write with nothing a fresh session would
 /// miss: a Content-Length that is the body's, no chunking, no upgrade, not `HEAD`, and no
 /// `Connection` header (whose `close` the session would have to remember).
-pub fn coalescable(request: &RequestHeader, body_len: usize) -> bool {
+pub fn coalescable(request: &RequestHeader, body: &[u8]) -> bool {
     let headers = &request.headers;
-    if body_len > COALESCE_LIMIT
+    if body.len() > COALESCE_LIMIT
         || request.method == http::Method::HEAD
         || request.version != http::Version::HTTP_11
         || headers.contains_key(header::TRANSFER_ENCODING)
@@ -98,8 +96,10 @@ pub fn coalescable(request: &RequestHeader, body_len: usize) -> bool {
     }
     let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
     match (lengths.next(), lengths.next()) {
-        (None, None) => body_len == 0,
-        (Some(v), None) => v.to_str().ok().and_then(|s| s.parse::<usize>().ok()) == Some(body_len),
+        (None, None) => body.is_empty(),
+        (Some(v), None) => {
+            v.to_str().ok().and_then(|s| s.parse::<usize>().ok()) == Some(body.len())
+        }
         _ => false,
     }
 }
@@ -111,9 +111,9 @@ pub async fn send_whole(
     mut stream: Stream,
     peer: &HttpPeer,
     head: &[u8],
-    body: &Spliced,
+    body: &Bytes,
 ) -> Result<Stream> {
-    let write = write_all_of(&mut stream, head, body.pieces());
+    let write = write_both(&mut stream, head, body);
     match peer.options.write_timeout {
         Some(t) => match super::bounded::within(t, write).await {
             Ok(r) => r,
@@ -148,39 +148,32 @@ pub fn session_for(stream: Stream, peer: &HttpPeer) -> Box<UpstreamSession> {
     session
 }
 
-/// Most slices of one write: the head and a body's pieces (`Spliced` has at most seven).
-const MOST_SLICES: usize = 8;
-
-/// `head` then the body's `pieces`, one `writev` when the stream takes vectored writes (TCP
-/// does), else one copied buffer; a short write continues where it stopped.
-async fn write_all_of(stream: &mut Stream, head: &[u8], pieces: &[Bytes]) -> std::io::Result<()> {
-    if pieces.is_empty() {
+/// `head` then `body`, one `writev` when the stream takes vectored writes (TCP does), else
+/// one copied buffer; a short write continues where it stopped.
+async fn write_both(stream: &mut Stream, head: &[u8], body: &[u8]) -> std::io::Result<()> {
+    if body.is_empty() {
         return stream.write_all(head).await;
     }
-    if !stream.is_write_vectored() || pieces.len() >= MOST_SLICES {
-        // TLS: one record instead of several; the copy is the body's, at most COALESCE_LIMIT.
-        let len = head.len() + pieces.iter().map(Bytes::len).sum::<usize>();
-        let mut whole = Vec::with_capacity(len);
+    if !stream.is_write_vectored() {
+        // TLS: one record instead of two; the copy is the body's, at most COALESCE_LIMIT.
+        let mut whole = Vec::with_capacity(head.len() + body.len());
         whole.extend_from_slice(head);
-        for piece in pieces {
-            whole.extend_from_slice(piece);
-        }
+        whole.extend_from_slice(body);
         return stream.write_all(&whole).await;
     }
-    let mut slices = [IoSlice::new(&[]); MOST_SLICES];
-    slices[0] = IoSlice::new(head);
-    for (slot, piece) in slices[1..].iter_mut().zip(pieces) {
-        *slot = IoSlice::new(piece);
-    }
-    let mut left = &mut slices[..=pieces.len()];
-    while !left.is_empty() {
-        let n = stream.write_vectored(left).await?;
+    let (mut head, mut body) = (head, body);
+    while !head.is_empty() {
+        let n = stream
+            .write_vectored(&[IoSlice::new(head), IoSlice::new(body)])
+            .await?;
         if n == 0 {
             return Err(ErrorKind::WriteZero.into());
         }
-        IoSlice::advance_slices(&mut left, n);
+        let from_head = n.min(head.len());
+        head = &head[from_head..];
+        body = &body[n - from_head..];
     }
-    Ok(())
+    stream.write_all(body).await
 }
 
 #[cfg(test)]
@@ -205,44 +198,6 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn a_head_and_its_pieces_arrive_whole_and_in_order_through_short_writes() {
-        use tokio::io::AsyncReadExt;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let reader = tokio::spawn(async move {
-            let (mut conn, _) = listener.accept().await.expect("accept");
-            let mut got = Vec::new();
-            conn.read_to_end(&mut got).await.expect("read");
-            got
-        });
-        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let mut stream: Stream = Box::new(pingora_core::protocols::l4::stream::Stream::from(tcp));
-        // Pieces far past what one write takes on loopback: the writes come back short,
-        // mid-piece and at piece boundaries.
-        let head = b"POST /v1 HTTP/1.1\r\nContent-Length: 3000003\r\n\r\n";
-        let pieces: Vec<Bytes> = (0u8..3)
-            .map(|i| Bytes::from(vec![b'a' + i; 1_000_001]))
-            .collect();
-        write_all_of(&mut stream, head, &pieces)
-            .await
-            .expect("write");
-        stream.flush().await.expect("flush");
-        drop(stream);
-        let got = reader.await.expect("reader");
-        let mut want = head.to_vec();
-        for p in &pieces {
-            want.extend_from_slice(p);
-        }
-        assert_eq!(got.len(), want.len());
-        assert!(
-            got == want,
-            "the bytes on the wire are the head, then each piece in order"
-        );
-    }
-
     fn post(len: Option<&str>) -> RequestHeader {
         let mut r = RequestHeader::build("POST", b"/v1/chat/completions", None).expect("build");
         if let Some(l) = len {
@@ -253,20 +208,23 @@ mod tests {
 
     #[test]
     fn known_lengths_coalesce_and_the_rest_do_not() {
-        assert!(coalescable(&post(Some("3")), 3));
-        assert!(coalescable(&post(None), 0));
-        assert!(!coalescable(&post(Some("4")), 3));
-        assert!(!coalescable(&post(None), 3));
-        assert!(!coalescable(&post(Some("70000")), COALESCE_LIMIT + 1));
+        assert!(coalescable(&post(Some("3")), b"abc"));
+        assert!(coalescable(&post(None), b""));
+        assert!(!coalescable(&post(Some("4")), b"abc"));
+        assert!(!coalescable(&post(None), b"abc"));
+        assert!(!coalescable(
+            &post(Some("70000")),
+            &vec![b'x'; COALESCE_LIMIT + 1]
+        ));
         let mut chunked = post(None);
         chunked
             .insert_header(header::TRANSFER_ENCODING, "chunked")
             .expect("header");
-        assert!(!coalescable(&chunked, 3));
+        assert!(!coalescable(&chunked, b"abc"));
         let mut close = post(Some("3"));
         close
             .insert_header(header::CONNECTION, "close")
             .expect("header");
-        assert!(!coalescable(&close, 3));
+        assert!(!coalescable(&close, b"abc"));
     }
 }

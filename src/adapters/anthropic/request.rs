@@ -240,11 +240,6 @@ impl MessagesRequest {
     pub fn body_for(&self, upstream_model_json: &[u8]) -> Bytes {
         self.prompt.envelope.body_for(upstream_model_json, b"")
     }
-
-    /// [`Self::body_for`] as its pieces (no copy of the body).
-    pub fn pieces_for(&self, upstream_model_json: &Bytes) -> crate::adapters::spliced::Spliced {
-        self.prompt.envelope.pieces_for(upstream_model_json, b"")
-    }
 }
 
 // === impl CountTokensRequest ===
@@ -289,11 +284,6 @@ impl CountTokensRequest {
     /// As [`MessagesRequest::body_for`].
     pub fn body_for(&self, upstream_model_json: &[u8]) -> Bytes {
         self.prompt.envelope.body_for(upstream_model_json, b"")
-    }
-
-    /// As [`MessagesRequest::pieces_for`].
-    pub fn pieces_for(&self, upstream_model_json: &Bytes) -> crate::adapters::spliced::Spliced {
-        self.prompt.envelope.pieces_for(upstream_model_json, b"")
     }
 }
 

@@ -198,6 +198,38 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_head_and_its_body_arrive_whole_and_in_order_through_short_writes() {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let reader = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.expect("accept");
+            let mut got = Vec::new();
+            conn.read_to_end(&mut got).await.expect("read");
+            got
+        });
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut stream: Stream = Box::new(pingora_core::protocols::l4::stream::Stream::from(tcp));
+        // A body far past what one write takes on loopback: the writes come back short, in
+        // the head's and the body's bytes.
+        let head = b"POST /v1 HTTP/1.1\r\nContent-Length: 3000000\r\n\r\n";
+        let body: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        write_both(&mut stream, head, &body).await.expect("write");
+        stream.flush().await.expect("flush");
+        drop(stream);
+        let got = reader.await.expect("reader");
+        let mut want = head.to_vec();
+        want.extend_from_slice(&body);
+        assert_eq!(got.len(), want.len());
+        assert!(
+            got == want,
+            "the bytes on the wire are the head, then the body"
+        );
+    }
+
     fn post(len: Option<&str>) -> RequestHeader {
         let mut r = RequestHeader::build("POST", b"/v1/chat/completions", None).expect("build");
         if let Some(l) = len {

@@ -25,7 +25,6 @@
 //! by the deadline, and its refusal (rare) is classified from nothing read: `400`, or `405`.
 
 use std::fmt;
-use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,7 +42,7 @@ use pingora_core::protocols::{
 };
 use prometheus::IntCounterVec;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
 use super::refusal::{self, Refusal};
 
@@ -139,9 +138,11 @@ pub struct EdgeStream {
     inner: Stream,
     /// Set by the proxy once Pingora accepted the request's head.
     admitted: AtomicBool,
-    /// The timer behind `due`, set to it only before a read waits (a head that arrives in
-    /// one read, most of them, never touches the timer wheel).
-    deadline: Pin<Box<Sleep>>,
+    /// The wait for `due`, set to it only before a read waits (a head that arrives in one
+    /// read, most of them, never touches a timer), on the attempts' coarse wheel
+    /// (`crate::proxy::wheel`: no tokio timer, whose entry would make every park of the
+    /// worker work out its timeout).
+    deadline: crate::proxy::wheel::Deadline,
     /// When the head (or, while idle, its first byte) is due.
     due: Instant,
     /// `due` is this long from the next read that waits, and is set then: a head that comes
@@ -168,7 +169,7 @@ impl EdgeStream {
         Self {
             inner,
             admitted: AtomicBool::new(false),
-            deadline: Box::pin(tokio::time::sleep(deadlines.header)),
+            deadline: crate::proxy::wheel::Deadline::default(),
             due: Instant::now() + deadlines.header,
             due_in: None,
             armed: false,
@@ -268,10 +269,10 @@ impl AsyncRead for EdgeStream {
             if let Some(within) = this.due_in.take() {
                 this.due = Instant::now() + within;
             }
-            this.deadline.as_mut().reset(this.due);
+            this.deadline.set(this.due.into_std());
             this.armed = true;
         }
-        if this.deadline.as_mut().poll(cx).is_ready() {
+        if this.deadline.poll(cx).is_ready() {
             if this.head.bytes == 0 {
                 // Nothing of a request: read as a close, which Pingora ends quietly.
                 return Poll::Ready(Ok(()));

@@ -22,12 +22,13 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::future::{poll_fn, Future};
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
 
 /// The wheel's resolution: a bucket's span.
@@ -43,7 +44,8 @@ pub struct Elapsed;
 #[derive(Debug, Default)]
 struct Bucket {
     fired: AtomicBool,
-    notify: Notify,
+    /// Shared with the waiters a poll function keeps ([`Deadline`]).
+    notify: Arc<Notify>,
 }
 
 /// Where buckets are joined: ticks counted in [`RESOLUTION`]s from `zero`. New buckets go to
@@ -257,6 +259,78 @@ pub async fn until_on<F: Future>(
     .await
 }
 
+/// A deadline a poll function waits on (the edge's head deadline): set, then polled until it
+/// passes or is set again. On the process's wheel, as [`until`]; without it, tokio's timer.
+#[derive(Debug, Default)]
+pub struct Deadline {
+    wait: Wait,
+}
+
+#[derive(Debug, Default)]
+enum Wait {
+    /// Never set: never passes.
+    #[default]
+    Unset,
+    Wheel {
+        bucket: Arc<Bucket>,
+        /// The waiter, made at the first poll (a deadline set but never waited on costs none).
+        waiter: Option<Pin<Box<OwnedNotified>>>,
+        /// The waker the waiter wakes (polled again only when the task's changed).
+        waker: Option<Waker>,
+    },
+    Tokio(Pin<Box<tokio::time::Sleep>>),
+}
+
+impl Deadline {
+    /// Wait for `at` from here on.
+    pub fn set(&mut self, at: Instant) {
+        match global() {
+            Some(wheel) => self.set_on(wheel, at),
+            None => {
+                self.wait = Wait::Tokio(Box::pin(tokio::time::sleep_until(at.into())));
+            }
+        }
+    }
+
+    /// [`Self::set`] on `wheel`.
+    pub fn set_on(&mut self, wheel: &Wheel, at: Instant) {
+        self.wait = Wait::Wheel {
+            bucket: bucket_for(wheel, at),
+            waiter: None,
+            waker: None,
+        };
+    }
+
+    /// `Ready` once the deadline passed (and from then on); until then the task is woken when
+    /// it does.
+    pub fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match &mut self.wait {
+            Wait::Unset => Poll::Pending,
+            Wait::Tokio(sleep) => sleep.as_mut().poll(cx),
+            Wait::Wheel {
+                bucket,
+                waiter,
+                waker,
+            } => {
+                if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    let waiter = waiter
+                        .get_or_insert_with(|| Box::pin(bucket.notify.clone().notified_owned()));
+                    if waiter.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(());
+                    }
+                    *waker = Some(cx.waker().clone());
+                }
+                // A waiter from here on: see `until_on`.
+                if bucket.fired.load(Ordering::SeqCst) {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -369,6 +443,37 @@ mod tests {
             f.as_mut().poll(&mut Context::from_waker(&w2)),
             Poll::Ready(Err(Elapsed))
         );
+    }
+
+    #[test]
+    fn a_deadline_passes_when_its_bucket_fires_and_follows_its_setting() {
+        let (wheel, mut firer) = Wheel::new();
+        let counting = Arc::new(Counting(0.into()));
+        let waker = Waker::from(counting.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut deadline = Deadline::default();
+        assert!(
+            deadline.poll(&mut cx).is_pending(),
+            "never set: never passes"
+        );
+        deadline.set_on(&wheel, wheel.zero + Duration::from_millis(25));
+        assert!(deadline.poll(&mut cx).is_pending());
+        assert_eq!(firer.fire_through(&wheel, 2), 0);
+        assert!(deadline.poll(&mut cx).is_pending());
+        // Set later before it passed: the earlier bucket firing does not end it.
+        deadline.set_on(&wheel, wheel.zero + Duration::from_millis(65));
+        assert!(deadline.poll(&mut cx).is_pending());
+        assert_eq!(firer.fire_through(&wheel, 3), 1);
+        assert!(deadline.poll(&mut cx).is_pending());
+        let woken = counting.0.load(Ordering::SeqCst);
+        assert_eq!(firer.fire_through(&wheel, 7), 1);
+        assert_eq!(
+            counting.0.load(Ordering::SeqCst),
+            woken + 1,
+            "its waiter is woken"
+        );
+        assert!(deadline.poll(&mut cx).is_ready());
+        assert!(deadline.poll(&mut cx).is_ready(), "and stays passed");
     }
 
     #[tokio::test]

@@ -33,7 +33,8 @@
 //! what signalbox answers itself (errors, `/v1/models`, routing headers); `ctx` is the typed
 //! context; `body` is how any body size is replayed; `heap` makes the futures of the large,
 //! short-lived phases on the heap; `wire` sends the driven path's request head and a known
-//! body in one write.
+//! body in one write; `bounded` and `wheel` bound waits (a timer only once one waits; the
+//! attempts' and the edge's deadlines on a coarse wheel of shared 10 ms buckets).
 
 pub mod access;
 pub mod admission;

@@ -131,7 +131,8 @@ impl Firer {
 }
 
 /// The process's wheel, and whether its thread runs (`None`: it could not be started, and
-/// deadlines fall back to tokio's timer).
+/// deadlines fall back to tokio's timer). Started at the first wait, on a request: after
+/// Pingora's daemonizing fork, which a thread started before it would not survive.
 pub fn global() -> Option<&'static Wheel> {
     static WHEEL: OnceLock<Option<Wheel>> = OnceLock::new();
     WHEEL

@@ -3,6 +3,10 @@
 //! `tokio::time::timeout`, which reads the clock and takes the runtime's timer handle before
 //! it polls anything. Both on a current-thread runtime with its timer enabled, as a worker's.
 //!
+//! And around a future that waits once (an attempt's send, whose answer comes a moment later):
+//! `proxy::wheel::until` beside Pingora's fast timer and tokio's, each making its timer at the
+//! wait and dropping it at the end.
+//!
 //! Run: `cargo bench --bench timeouts`.
 
 use std::hint::black_box;
@@ -10,6 +14,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use signalbox::proxy::bounded::{within, within_at};
+use signalbox::proxy::wheel::until;
 
 fn bench_ready(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -34,5 +39,38 @@ fn bench_ready(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_ready);
+fn bench_waits_once(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let limit = Duration::from_secs(30);
+    let mut g = c.benchmark_group("timeout_of_a_future_that_waits_once");
+    g.bench_function("wheel_until", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let deadline = std::time::Instant::now() + limit;
+                until(deadline, tokio::task::yield_now()).await
+            })
+        })
+    });
+    g.bench_function("pingora_fast_timeout", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                pingora_timeout::fast_timeout::fast_timeout(limit, tokio::task::yield_now()).await
+            })
+        })
+    });
+    g.bench_function("tokio_timeout", |b| {
+        b.iter(|| {
+            rt.block_on(async { tokio::time::timeout(limit, tokio::task::yield_now()).await })
+        })
+    });
+    g.bench_function("no_timeout", |b| {
+        b.iter(|| rt.block_on(tokio::task::yield_now()))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_ready, bench_waits_once);
 criterion_main!(benches);

@@ -207,7 +207,7 @@ pub(super) fn terms(ctx: &RequestCtx) -> verdicts::Terms {
 /// TTFB timeout (a whole answer). The request's deadline does not cut it short: it only stops
 /// new attempts after the first retry.
 pub(super) fn first_content_deadline(ctx: &RequestCtx) -> Instant {
-    deadline_after(first_content_window(ctx))
+    deadline_after(Instant::now(), first_content_window(ctx))
 }
 
 /// How long the live attempt has to show its first content (see [`first_content_deadline`]).
@@ -223,18 +223,16 @@ pub(super) fn first_content_window(ctx: &RequestCtx) -> Duration {
         .unwrap_or(failover.ttfb_timeout)
 }
 
-/// `window` from now. A duration past what `Instant` holds (a config of centuries) is a
+/// `window` from `from`. A duration past what `Instant` holds (a config of centuries) is a
 /// deadline that never comes, not a panic.
-fn deadline_after(window: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(window).unwrap_or(now + FAR)
+fn deadline_after(from: Instant, window: Duration) -> Instant {
+    from.checked_add(window).unwrap_or(from + FAR)
 }
 
-/// `future` bounded by `deadline`, on the wheel's coarse timer ([`super::wheel`]) rather than
-/// tokio's. An attempt's deadline is earlier than any tokio timer the worker parked with (the
-/// edge's head deadline, for one), and registering an earlier tokio timer wakes the runtime's
-/// driver through its eventfd: a `write` syscall and a spurious `epoll_wait` return per
-/// request (issue 22). Ends `Err` when the deadline passed first.
+/// `future` bounded by `deadline`, on the coarse wheel ([`super::wheel`]) rather than tokio's
+/// timer, whose entry earlier than the driver's next wake-up writes to its eventfd (a `write`
+/// syscall and a spurious `epoll_wait` return per request, issue 22). Ends `Err` when the
+/// deadline passed first.
 pub(super) fn until<F: std::future::Future>(
     deadline: Instant,
     future: F,
@@ -403,11 +401,8 @@ async fn until_commit(
         .admitted
         .as_ref()
         .and_then(|a| a.attempts.live.as_ref())
-        .map(|live| Instant::from_std(live.started));
-    let deadline = match started {
-        Some(started) => started.checked_add(window).unwrap_or(started + FAR),
-        None => deadline_after(window),
-    };
+        .map_or_else(Instant::now, |live| Instant::from_std(live.started));
+    let deadline = deadline_after(started, window);
     let mut upstream = call(request, body, ctx, connector, peer, (deadline, window)).await?;
     let Some(header) = upstream.response_header() else {
         let sent = Sent::NoHeader {
@@ -457,8 +452,8 @@ async fn call(
     first: (Instant, Duration),
 ) -> Result<Upstream, Drive> {
     let (deadline, window) = first;
-    // The send's state (~10 KiB) on the heap: the timeout returns it by value, and a future
-    // held inline would be copied out of it.
+    // The send's state (~10 KiB) on the heap: the bound takes it by value, and a future held
+    // inline would be copied into the bound's own.
     let sending = super::heap::on_heap(|| send(connector, peer, request, body, deadline, window));
     let sent = match until(deadline, sending).await {
         Ok(Ok(up)) => return Ok(up),

@@ -232,65 +232,62 @@ pub fn add_routing_headers(resp: &mut ResponseHeader, ctx: &RequestCtx, now: Ins
 /// [`add_routing_headers`] into a header's map (the driven path's caller header is still
 /// its parts at the commit: no round trip through Pingora's header).
 pub fn add_routing_headers_to(headers: &mut http::HeaderMap, ctx: &RequestCtx, now: Instant) {
-    {
-        headers.insert(names::X_REQUEST_ID, ctx.request_id.clone());
-        if ctx.surface.dialect() == Dialect::Anthropic {
-            headers.insert(names::REQUEST_ID, ctx.request_id.clone());
+    headers.insert(names::X_REQUEST_ID, ctx.request_id.clone());
+    if ctx.surface.dialect() == Dialect::Anthropic {
+        headers.insert(names::REQUEST_ID, ctx.request_id.clone());
+    }
+    if let Some(results) = &ctx.guardrails {
+        headers.insert(crate::guardrails::HEADER, results.clone());
+    }
+    let snapshot = &*ctx.snapshot;
+    let Some(a) = &ctx.admitted else {
+        return;
+    };
+    let Some(served) = &a.attempts.served else {
+        return;
+    };
+    let plan = &a.plan;
+    let catalog = &snapshot.catalog;
+    let Some(deployment) = plan.deployment(catalog, served.target.position) else {
+        return;
+    };
+    let provider = catalog.provider(deployment.provider);
+    headers.insert(names::X_ROUTED_VIA, deployment.routed_via.clone());
+    headers.insert(names::X_LLM_PROVIDER, provider.id_header.clone());
+    headers.insert(names::X_LLM_MODEL, deployment.model_header.clone());
+    if let Some(route) = route_header(ctx, snapshot) {
+        headers.insert(names::X_LLM_ROUTE, route);
+        if let Some(reason) = routing_reason(snapshot, plan, Some(&a.routed), a.attempts.hedge) {
+            headers.insert(names::X_LLM_ROUTING_REASON, reason);
         }
-        if let Some(results) = &ctx.guardrails {
-            headers.insert(crate::guardrails::HEADER, results.clone());
-        }
-        let snapshot = &*ctx.snapshot;
-        let Some(a) = &ctx.admitted else {
-            return;
-        };
-        let Some(served) = &a.attempts.served else {
-            return;
-        };
-        let plan = &a.plan;
-        let catalog = &snapshot.catalog;
-        let Some(deployment) = plan.deployment(catalog, served.target.position) else {
-            return;
-        };
-        let provider = catalog.provider(deployment.provider);
-        headers.insert(names::X_ROUTED_VIA, deployment.routed_via.clone());
-        headers.insert(names::X_LLM_PROVIDER, provider.id_header.clone());
-        headers.insert(names::X_LLM_MODEL, deployment.model_header.clone());
-        if let Some(route) = route_header(ctx, snapshot) {
-            headers.insert(names::X_LLM_ROUTE, route);
-            if let Some(reason) = routing_reason(snapshot, plan, Some(&a.routed), a.attempts.hedge)
-            {
-                headers.insert(names::X_LLM_ROUTING_REASON, reason);
-            }
-        }
+    }
+    headers.insert(
+        names::X_LLM_ATTEMPTS,
+        super::headers::int_value(a.attempts.made),
+    );
+    // `lost` whenever a hedge ran and did not serve (the first attempt did, or a later one).
+    if let Some(won) = a.attempts.hedge.map(|h| h.won == Some(true)) {
         headers.insert(
-            names::X_LLM_ATTEMPTS,
-            super::headers::int_value(a.attempts.made),
-        );
-        // `lost` whenever a hedge ran and did not serve (the first attempt did, or a later one).
-        if let Some(won) = a.attempts.hedge.map(|h| h.won == Some(true)) {
-            headers.insert(
-                names::X_LLM_HEDGED,
-                HeaderValue::from_static(if won { "won" } else { "lost" }),
-            );
-        }
-        // A fallback: another candidate than the plan's first served (the first failed, or
-        // was skipped without a call). Another key of the same deployment is not one.
-        let fallback = plan.first_position() != Some(served.target.position);
-        headers.insert(
-            names::X_LLM_FALLBACK,
-            HeaderValue::from_static(if fallback { "true" } else { "false" }),
-        );
-        let (timing, total) = server_timing(ctx, now);
-        if let Some(timing) = timing {
-            headers.insert(names::SERVER_TIMING, timing);
-        }
-        let total_ms = total.as_millis();
-        headers.insert(
-            names::X_LLM_RESPONSE_DURATION_MS,
-            super::headers::int_value(total_ms),
+            names::X_LLM_HEDGED,
+            HeaderValue::from_static(if won { "won" } else { "lost" }),
         );
     }
+    // A fallback: another candidate than the plan's first served (the first failed, or
+    // was skipped without a call). Another key of the same deployment is not one.
+    let fallback = plan.first_position() != Some(served.target.position);
+    headers.insert(
+        names::X_LLM_FALLBACK,
+        HeaderValue::from_static(if fallback { "true" } else { "false" }),
+    );
+    let (timing, total) = server_timing(ctx, now);
+    if let Some(timing) = timing {
+        headers.insert(names::SERVER_TIMING, timing);
+    }
+    let total_ms = total.as_millis();
+    headers.insert(
+        names::X_LLM_RESPONSE_DURATION_MS,
+        super::headers::int_value(total_ms),
+    );
 }
 
 /// A header value assembled on the stack (one allocation, when it becomes a `HeaderValue`), of

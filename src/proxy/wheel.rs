@@ -231,33 +231,48 @@ pub async fn until_on<F: Future>(
         return Ok(out);
     }
     let bucket = bucket_for(wheel, deadline);
-    let mut fired = pin!(bucket.notify.notified());
+    let mut waiter = pin!(bucket.notify.notified());
+    let mut waker = None;
     // The future was just polled (it waits with this task's waker): the first turn only makes
     // the waiter.
     let mut polled = true;
-    // The waker the waiter wakes: it is polled again only when the task's waker changed (a
-    // waiter's poll takes the `Notify`'s lock; a flag load does not).
-    let mut waiting: Option<Waker> = None;
     poll_fn(|cx| {
         if !std::mem::take(&mut polled) {
             if let Poll::Ready(out) = future.as_mut().poll(cx) {
                 return Poll::Ready(Ok(out));
             }
         }
-        if !waiting.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-            if fired.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Err(Elapsed));
-            }
-            waiting = Some(cx.waker().clone());
-        }
-        // A waiter from here on: a bucket that fires later wakes it, one that fired before
-        // is seen by its flag (set before its waiters are woken).
-        if bucket.fired.load(Ordering::SeqCst) {
-            return Poll::Ready(Err(Elapsed));
-        }
-        Poll::Pending
+        bucket
+            .poll_waiter(waiter.as_mut(), &mut waker, cx)
+            .map(|()| Err(Elapsed))
     })
     .await
+}
+
+impl Bucket {
+    /// Whether the bucket fired, `waiter` (one of its `Notify`'s) waking the task when it
+    /// does. The waiter is polled only when `waker` (the one it holds) is not the task's: its
+    /// poll takes the `Notify`'s lock, a flag load does not. A bucket that fires after the
+    /// waiter's first poll wakes it; one that fired before is seen by its flag (set before its
+    /// waiters are woken).
+    fn poll_waiter<W: Future<Output = ()>>(
+        &self,
+        waiter: Pin<&mut W>,
+        waker: &mut Option<Waker>,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
+        if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            if waiter.poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+            *waker = Some(cx.waker().clone());
+        }
+        if self.fired.load(Ordering::SeqCst) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
 }
 
 /// A deadline a poll function waits on (the edge's head deadline): set, then polled until it
@@ -313,20 +328,9 @@ impl Deadline {
                 waiter,
                 waker,
             } => {
-                if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                    let waiter = waiter
-                        .get_or_insert_with(|| Box::pin(bucket.notify.clone().notified_owned()));
-                    if waiter.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(());
-                    }
-                    *waker = Some(cx.waker().clone());
-                }
-                // A waiter from here on: see `until_on`.
-                if bucket.fired.load(Ordering::SeqCst) {
-                    Poll::Ready(())
-                } else {
-                    Poll::Pending
-                }
+                let waiter =
+                    waiter.get_or_insert_with(|| Box::pin(bucket.notify.clone().notified_owned()));
+                bucket.poll_waiter(waiter.as_mut(), waker, cx)
             }
         }
     }

@@ -16,11 +16,16 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use signalbox::proxy::bounded::{within, within_at};
 use signalbox::proxy::wheel::until;
 
-fn bench_ready(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
+/// A current-thread runtime with its timer enabled, as a worker's.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
-        .expect("runtime");
+        .expect("runtime")
+}
+
+fn bench_ready(c: &mut Criterion) {
+    let rt = runtime();
     let limit = Duration::from_secs(30);
     let mut g = c.benchmark_group("timeout_of_a_ready_future");
     g.bench_function("bounded_within", |b| {
@@ -40,10 +45,7 @@ fn bench_ready(c: &mut Criterion) {
 }
 
 fn bench_waits_once(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     let limit = Duration::from_secs(30);
     let mut g = c.benchmark_group("timeout_of_a_future_that_waits_once");
     g.bench_function("wheel_until", |b| {

@@ -169,6 +169,43 @@ pub(super) async fn act<S: MockIo>(
             w.send(io, &meta).await?;
             return Ok(End::KeepAlive);
         }
+        Behaviour::Replay {
+            code,
+            body,
+            sse,
+            retry_after,
+        } => {
+            let meta = Meta {
+                code: *code,
+                content_type: if *sse { SSE } else { JSON },
+                close: call.close,
+                retry_after: retry_after.as_deref().map(str::as_bytes),
+                name: call.name,
+            };
+            if !*sse {
+                w.ev.clear();
+                w.ev.extend_from_slice(body.as_bytes());
+                w.send(io, &meta).await?;
+                return Ok(End::KeepAlive);
+            }
+            w.out.clear();
+            w.head(&meta, None, true);
+            w.flush_out(io).await?;
+            let mut rest = body.as_bytes();
+            while !rest.is_empty() {
+                let end = rest
+                    .windows(2)
+                    .position(|w| w == b"\n\n")
+                    .map_or(rest.len(), |i| i + 2);
+                let (event, tail) = rest.split_at(end);
+                wire::push_chunk(&mut w.out, event);
+                w.flush_out(io).await?;
+                rest = tail;
+            }
+            w.out.extend_from_slice(wire::LAST_CHUNK);
+            w.flush_out(io).await?;
+            return Ok(End::KeepAlive);
+        }
         Behaviour::EmptyStream => {
             // An SSE answer whatever was asked.
             let meta = Meta {

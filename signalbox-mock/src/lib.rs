@@ -298,6 +298,19 @@ pub enum Behaviour {
     /// Non-stream request: the first half of the JSON body with a `content-length` of that
     /// half: well framed, not valid JSON.
     NoTerminal { chunks: usize },
+    /// Answer with `body` verbatim, whatever was asked: a recorded provider answer (the
+    /// conformance corpus in `tests/fixtures/providers/`). With `sse`, a chunked
+    /// `text/event-stream` answer sent one HTTP chunk per event (each event flushed on its
+    /// own), then the terminal chunk; else a `content-length` JSON answer. `retry_after` is
+    /// sent verbatim as `Retry-After`.
+    Replay {
+        code: u16,
+        body: String,
+        #[serde(default)]
+        sse: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_after: Option<String>,
+    },
 }
 
 /// Deserialization mirror of [`Behaviour`] whose unit variants are empty struct variants, so that
@@ -354,6 +367,14 @@ enum BehaviourRepr {
     NoTerminal {
         chunks: usize,
     },
+    Replay {
+        code: u16,
+        body: String,
+        #[serde(default)]
+        sse: bool,
+        #[serde(default)]
+        retry_after: Option<String>,
+    },
 }
 
 impl From<BehaviourRepr> for Behaviour {
@@ -399,6 +420,17 @@ impl From<BehaviourRepr> for Behaviour {
                 Behaviour::StallMidStream { after_chunks, ms }
             }
             BehaviourRepr::NoTerminal { chunks } => Behaviour::NoTerminal { chunks },
+            BehaviourRepr::Replay {
+                code,
+                body,
+                sse,
+                retry_after,
+            } => Behaviour::Replay {
+                code,
+                body,
+                sse,
+                retry_after,
+            },
         }
     }
 }

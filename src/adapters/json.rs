@@ -107,6 +107,13 @@ impl Scan {
         self.found.get(wanted_index).filter(|m| !m.value.is_empty())
     }
 
+    /// The wanted member, unless its value is JSON `null`: the providers write `"error": null`,
+    /// `"usage": null` and the like to mean "none", so a reader asking "is there one?" asks this.
+    pub fn get_non_null(&self, wanted_index: usize, doc: &[u8]) -> Option<&Member> {
+        self.get(wanted_index)
+            .filter(|m| doc.get(m.value.clone()) != Some(b"null".as_slice()))
+    }
+
     /// The byte range to delete to remove the member whose span is `span`, commas included,
     /// so the remaining object is still valid JSON.
     pub fn removal_range(&self, span: &Range<usize>) -> Range<usize> {

@@ -570,7 +570,8 @@ fn note_stats(doc: &[u8], scan: &json::Scan, sse: bool, stats: &mut StreamStats)
             stats.empty_choices = true;
         }
     }
-    if let Some(e) = scan.get(3) {
+    // `"error": null` is no error: every Responses object carries it.
+    if let Some(e) = scan.get_non_null(3, doc) {
         stats.upstream_error_event = true;
         stats.error = Some(inband_error_kind(&doc[e.value.clone()]));
     }

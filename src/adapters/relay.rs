@@ -456,7 +456,7 @@ fn reword_error_events(chunk: Bytes, dialect: Dialect, kind: InbandError) -> Byt
         let is_error = data.is_some_and(|d| {
             d.first() == Some(&b'{')
                 && super::json::scan_object_lenient(d, &[b"error"])
-                    .is_ok_and(|scan| scan.get(0).is_some())
+                    .is_ok_and(|scan| scan.get_non_null(0, d).is_some())
         });
         if is_error {
             out.put_slice(b"data: ");

@@ -66,6 +66,11 @@ impl ErrorKind {
         {
             return ErrorKind::ContextLength;
         }
+        // A 413 is a request too large whatever its code says: OpenAI's TPM refusal of one
+        // request comes as 413 with `code: rate_limit_exceeded`, and waiting cannot help it.
+        if status == 413 {
+            return ErrorKind::TooLarge;
+        }
         match field("code").or(field("type")) {
             Some("insufficient_quota") => return ErrorKind::Billing,
             Some("rate_limit_exceeded" | "rate_limit_error" | "rate_limited") => {
@@ -128,7 +133,9 @@ impl ErrorKind {
     /// OpenAI's `type` and `code`.
     fn openai(self) -> (&'static str, &'static str) {
         match self {
-            ErrorKind::InvalidRequest => ("invalid_request_error", "invalid_request"),
+            // The caller's request was refused by the provider: DESIGN §6's code for it,
+            // whichever provider kind refused it.
+            ErrorKind::InvalidRequest => ("invalid_request_error", "all_candidates_rejected"),
             ErrorKind::ContextLength => ("invalid_request_error", "context_length_exceeded"),
             ErrorKind::Authentication => ("invalid_request_error", "invalid_api_key"),
             ErrorKind::Billing => ("insufficient_quota", "insufficient_quota"),
@@ -288,7 +295,7 @@ mod tests {
                 400,
                 fixture!("anthropic", "error_invalid_request.json"),
                 "invalid_request_error",
-                "invalid_request",
+                "all_candidates_rejected",
             ),
             (
                 400,

@@ -121,9 +121,9 @@ pub fn messages_response_to_chat(
         "role": "assistant",
         // Chat's convention: `null` content beside tool calls, "" for an empty answer.
         "content": match text {
-            Some(t) => Value::String(t),
-            None if !tool_calls.is_empty() => Value::Null,
-            None => Value::String(String::new()),
+            Some(t) if !t.is_empty() || tool_calls.is_empty() => Value::String(t),
+            _ if !tool_calls.is_empty() => Value::Null,
+            _ => Value::String(String::new()),
         },
         "refusal": null,
     });

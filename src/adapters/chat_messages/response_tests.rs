@@ -343,3 +343,23 @@ fn chat_to_messages_to_chat_keeps_content_ids_and_reasons() {
         assert!(usage.is_some());
     }
 }
+
+#[test]
+fn a_tool_call_only_answer_has_null_content_as_openai_sends_it() {
+    // Anthropic's reference shape: one tool_use block, no text.
+    let (out, _) = to_chat(include_bytes!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/providers/anthropic/message_tool_use_only.json"
+    )));
+    let message = &out["choices"][0]["message"];
+    assert_eq!(message["content"], Value::Null);
+    assert_eq!(message["tool_calls"][0]["function"]["name"], "get_weather");
+    // An empty text block beside the call is no text either.
+    let body = json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+        "content": [{"type": "text", "text": ""},
+            {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}],
+        "stop_reason": "tool_use", "stop_sequence": null,
+        "usage": {"input_tokens": 1, "output_tokens": 1}});
+    let (out, _) = to_chat(body.to_string().as_bytes());
+    assert_eq!(out["choices"][0]["message"]["content"], Value::Null);
+}

@@ -184,6 +184,10 @@ struct MessagesToChatState {
     head: Vec<u8>,
     blocks: Vec<BlockKind>,
     tool_calls: u32,
+    /// `message_start` was seen and its role chunk not yet sent: it goes out with the first
+    /// delta, shaped as OpenAI's (`"content": ""` before text, `"content": null` merged into
+    /// the first tool call's delta when the answer opens with a tool call).
+    role_pending: bool,
     usage: AnthropicUsage,
     signals: Signals,
 }
@@ -204,6 +208,7 @@ impl MessagesStreamToChat {
             head: Vec::new(),
             blocks: Vec::new(),
             tool_calls: 0,
+            role_pending: false,
             usage: AnthropicUsage::default(),
             signals: Signals::default(),
         };
@@ -276,8 +281,18 @@ impl MessagesToChatState {
         out.put_slice(b"}]}\n\n");
     }
 
+    /// The role chunk, if it is still owed: before any other delta.
+    fn open(&mut self, out: &mut BytesMut) {
+        if std::mem::take(&mut self.role_pending) {
+            self.chunk(out, None, |o| {
+                o.put_slice(b"{\"role\":\"assistant\",\"content\":\"\",\"refusal\":null}");
+            });
+        }
+    }
+
     /// A delta with one string member.
-    fn string_delta(&self, out: &mut BytesMut, key: &[u8], value: &str) {
+    fn string_delta(&mut self, out: &mut BytesMut, key: &[u8], value: &str) {
+        self.open(out);
         self.chunk(out, None, |o| {
             o.put_slice(key);
             put_str(o, value);
@@ -320,9 +335,7 @@ impl MessagesToChatState {
                     self.usage.merge(u);
                     self.signals.usage = Some(self.usage.usage());
                 }
-                self.chunk(out, None, |o| {
-                    o.put_slice(b"{\"role\":\"assistant\",\"content\":\"\"}");
-                });
+                self.role_pending = true;
             }
             "content_block_start" => {
                 let index = e
@@ -341,8 +354,15 @@ impl MessagesToChatState {
                         let ordinal = self.tool_calls;
                         self.tool_calls += 1;
                         self.signals.content = true;
+                        // An answer that opens with a tool call: its role chunk is this one,
+                        // with `content: null`, as OpenAI sends it.
+                        let role = std::mem::take(&mut self.role_pending);
                         self.chunk(out, None, |o| {
-                            o.put_slice(b"{\"tool_calls\":[{\"index\":");
+                            if role {
+                                o.put_slice(b"{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"index\":");
+                            } else {
+                                o.put_slice(b"{\"tool_calls\":[{\"index\":");
+                            }
                             put_u64(o, u64::from(ordinal));
                             o.put_slice(b",\"id\":");
                             put_str(o, block.id.as_deref().unwrap_or_default());
@@ -358,6 +378,7 @@ impl MessagesToChatState {
                     }
                     "redacted_thinking" => {
                         self.signals.content = true;
+                        self.open(out);
                         self.chunk(out, None, |o| {
                             o.put_slice(
                                 b"{\"thinking_blocks\":[{\"type\":\"redacted_thinking\",\"data\":",
@@ -392,6 +413,7 @@ impl MessagesToChatState {
                         let args = delta.partial_json.as_deref().unwrap_or_default();
                         if !args.is_empty() {
                             self.signals.content = true;
+                            self.open(out);
                             self.chunk(out, None, |o| {
                                 o.put_slice(b"{\"tool_calls\":[{\"index\":");
                                 put_u64(o, u64::from(ordinal));
@@ -403,6 +425,7 @@ impl MessagesToChatState {
                     }
                     "signature_delta" => {
                         let signature = delta.signature.as_deref().unwrap_or_default();
+                        self.open(out);
                         self.chunk(out, None, |o| {
                             o.put_slice(
                                 b"{\"thinking_blocks\":[{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":",
@@ -422,6 +445,7 @@ impl MessagesToChatState {
                 }
                 let stop_reason = e.delta.as_ref().and_then(|d| d.stop_reason.as_deref());
                 let finish = finish_reason_for(stop_reason.unwrap_or("end_turn"));
+                self.open(out);
                 self.chunk(out, Some(finish), |o| o.put_slice(b"{}"));
                 if self.usage_for_caller {
                     out.put_slice(b"data: ");

@@ -190,7 +190,10 @@ fn an_anthropic_text_stream_becomes_chat_chunks() {
     assert_eq!(
         chunks(&out),
         vec![
-            head(json!({"role": "assistant", "content": ""}), Value::Null),
+            head(
+                json!({"role": "assistant", "content": "", "refusal": null}),
+                Value::Null
+            ),
             head(json!({"content": "Hello"}), Value::Null),
             head(
                 json!({"content": "! Grüße aus Zürich 👋 — \"quoted\"\nnew line."}),
@@ -309,8 +312,18 @@ event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,
     let mut out = BytesMut::new();
     conv.feed(events[0], &mut out).expect("start");
     assert!(!conv.signals().content);
+    assert!(out.is_empty(), "the role chunk waits for the first delta");
     conv.feed(events[1], &mut out).expect("tool start");
     assert!(conv.signals().content, "the tool's name is content");
+    // An answer that opens with a tool call: one chunk, role and `content: null` beside the
+    // call, as OpenAI streams it (openai-node then assembles `content: null`).
+    let all = chunks(&out);
+    assert_eq!(all.len(), 1);
+    assert_eq!(
+        all[0]["choices"][0]["delta"],
+        json!({"role": "assistant", "content": null, "tool_calls": [{"index": 0,
+            "id": "toolu_1", "type": "function", "function": {"name": "f", "arguments": ""}}]})
+    );
 }
 
 #[test]
@@ -355,9 +368,11 @@ fn an_anthropic_error_event_is_a_chat_error_event_and_no_clean_end() {
         &[],
     );
     let all = chunks(&out);
-    assert_eq!(all.len(), 2, "the role chunk, then the error");
-    assert_eq!(all[1]["error"]["code"], "server_is_overloaded");
-    assert_eq!(all[1]["error"]["type"], "server_error");
+    // The role chunk is owed until the first delta: an error before any content is the
+    // only chunk the caller sees.
+    assert_eq!(all.len(), 1, "the error alone");
+    assert_eq!(all[0]["error"]["code"], "server_is_overloaded");
+    assert_eq!(all[0]["error"]["type"], "server_error");
     assert!(
         !String::from_utf8_lossy(&out).contains("Overloaded\""),
         "signalbox's words"
@@ -393,7 +408,8 @@ fn each_anthropic_event_is_converted_as_soon_as_it_is_complete() {
             conv.feed(&ev[ev.len() - 1..], &mut out).expect("feed");
             let data = json(&ev[memchr::memmem::find(ev, b"data: ").expect("data") + 6..]);
             let block = &data["content_block"];
-            let silent = ["ping", "content_block_stop"]
+            // message_start is silent: its role chunk goes out with the first delta.
+            let silent = ["ping", "content_block_stop", "message_start"]
                 .contains(&data["type"].as_str().unwrap_or_default())
                 || data["delta"]["partial_json"] == ""
                 || (block["type"] == "text" && block["text"] == "")
